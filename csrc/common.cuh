@@ -1,0 +1,78 @@
+// Device helpers shared by every kbit kernel: dtype conversion, absmax decode, layout indexing,
+// and the device guard used by the C launchers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kbit.h"
+
+namespace kbit {
+
+constexpr int kBlock = 32;       // values per quantization block
+constexpr int kTileBlocks = 2;   // blocks per k-tile of the tiled64 layout
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// E4M4: byte = e << 4 | m; e == 0: m * 2^-14; else (16 + m) * 2^(e - 15). Built from bits,
+// no branch on the data path besides a select.
+__device__ __forceinline__ float e4m4_decode(uint32_t code) {
+  uint32_t e = code >> 4, m = code & 15u;
+  float normal = __uint_as_float(((e + 116u) << 23) | (m << 19));  // (1 + m/16) * 2^(e-11)
+  float sub = float(m) * 0x1p-14f;
+  return e ? normal : sub;
+}
+
+// Round v in [0, 31] to the nearest E4M4 code, ties to even (see kbit/format.py: e4m4_encode).
+__device__ __forceinline__ uint32_t e4m4_encode(float v) {
+  if (v < 0x1p-10f) return uint32_t(rintf(v * 0x1p14f));  // subnormal; 16 means 2^-10 = code 16
+  int E;
+  float f = frexpf(v, &E);                      // v = f * 2^E, f in [0.5, 1)
+  uint32_t m = uint32_t(rintf((2.f * f - 1.f) * 16.f));  // ties to even mantissa
+  uint32_t e = uint32_t(E + 10);
+  return (e << 4) + m;                          // m == 16 carries into the exponent
+}
+
+// Stored absmax element -> float scale (without the per-tensor power of two).
+__device__ __forceinline__ float load_absmax(const void* absmax, int format, int64_t i) {
+  if (format == KBIT_ABSMAX_E4M4) return e4m4_decode(static_cast<const uint8_t*>(absmax)[i]);
+  if (format == KBIT_ABSMAX_F16) return __half2float(static_cast<const __half*>(absmax)[i]);
+  return static_cast<const float*>(absmax)[i];
+}
+
+// Index of block (n, kb) of an [N, KB] weight in a layout, counted in blocks.
+__device__ __forceinline__ int64_t block_index(int layout, int64_t n, int64_t kb, int64_t N,
+                                               int64_t KB) {
+  if (layout == KBIT_LAYOUT_FLAT) return n * KB + kb;
+  return ((kb / kTileBlocks) * N + n) * kTileBlocks + (kb % kTileBlocks);
+}
+
+// Makes `device` current for the launcher's scope and restores the caller's device after.
+struct DeviceGuard {
+  int previous = -1;
+  cudaError_t err = cudaSuccess;
+  explicit DeviceGuard(int device) {
+    err = cudaGetDevice(&previous);
+    if (err == cudaSuccess && previous != device) err = cudaSetDevice(device);
+    else previous = -1;
+  }
+  ~DeviceGuard() {
+    if (previous >= 0) cudaSetDevice(previous);
+  }
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace kbit

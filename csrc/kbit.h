@@ -1,0 +1,44 @@
+// kbit native library: plain C interface, loaded from Python with ctypes (kbit/_lib.py).
+// No torch headers: one build serves any torch version. Every function launches on the given
+// stream of the given device, never synchronises, and returns a cudaError_t value (0 = success);
+// kbit_error_string turns it into text. Argument validation happens in Python (kbit/ops.py);
+// these functions trust their arguments.
+#pragma once
+#include <stdint.h>
+
+#define KBIT_API __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// dtype codes shared with kbit/_lib.py
+enum { KBIT_F32 = 0, KBIT_F16 = 1, KBIT_BF16 = 2 };
+// absmax storage formats
+enum { KBIT_ABSMAX_E4M4 = 0, KBIT_ABSMAX_F16 = 1, KBIT_ABSMAX_F32 = 2 };
+// packed layouts (docs/format.md, kbit/reference.py: repack)
+enum { KBIT_LAYOUT_FLAT = 0, KBIT_LAYOUT_TILED64 = 1 };
+
+KBIT_API int kbit_abi_version(void);
+KBIT_API const char* kbit_error_string(int err);
+
+// weight [N, K] (row stride ld elements, unit column stride) -> packed int32 [N, KB, k] and
+// absmax [N, KB] in absmax_format. status int32[2] must be zeroed by the caller; the kernel
+// ORs 1 into status[0] on a NaN/Inf and into status[1] on a block absmax out of range.
+KBIT_API int kbit_quantize(int device, void* stream, const void* weight, int weight_dtype, int64_t N,
+                  int64_t K, int64_t ld, const float* codebook, int k, int absmax_format,
+                  int absmax_exponent, int32_t* packed, void* absmax, int32_t* status);
+
+// packed + absmax (layout) -> out [N, K] row-major contiguous, out_dtype.
+KBIT_API int kbit_dequantize(int device, void* stream, const int32_t* packed, const void* absmax,
+                    int absmax_format, const float* codebook, int k, int64_t N, int64_t K,
+                    int layout, int absmax_exponent, void* out, int out_dtype);
+
+// flat <-> layout. to_layout = 1: flat -> layout; 0: layout -> flat. absmax_bytes = 1, 2 or 4.
+KBIT_API int kbit_repack(int device, void* stream, const int32_t* packed_in, const void* absmax_in,
+                int absmax_bytes, int k, int64_t N, int64_t K, int layout, int to_layout,
+                int32_t* packed_out, void* absmax_out);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,57 @@
+"""`kbit bench`: the main job. Times the kbit ops on the GPU against the GPU's own ceilings.
+
+Suite "ops" (this version): dequantize (tiled64 -> fp16) and quantize (fp16 -> flat, E4M4) per
+k on the model shapes of DESIGN.md §4 plus an 8192x28672 weight, next to the two reference
+rates measured in the same run: a large device-to-device copy and an fp16 GEMV (M=1, cuBLAS)
+on an 8192x28672 weight, the weight-streaming rate. Every number is cold (inputs and outputs
+rotated past L2), CUDA-graph timed, median of repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+MODEL_SHAPES = {  # name: (K, N)
+    "gateup": (2048, 5120),
+    "down": (5120, 2048),
+    "Q": (2048, 4096),
+    "O": (4096, 2048),
+    "KV": (2048, 512),
+    "big": (8192, 28672),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", default="2,3,4,5", help="comma-separated bit widths (default 2,3,4,5)")
+    p.add_argument("--shapes", default=",".join(MODEL_SHAPES), help="comma-separated shape names")
+    p.add_argument("--json", metavar="PATH", help="write all results as JSON here")
+    p.add_argument("--repeats", type=int, default=15, help="graph replays per measurement")
+
+
+def run(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kbit bench needs a CUDA GPU; none is visible to PyTorch.", file=sys.stderr)
+        return 2
+    import kbit
+
+    if not kbit.native_available():
+        print(f"kbit bench needs the native CUDA library: {kbit.native_status()}", file=sys.stderr)
+        return 2
+    from .ops_suite import run_ops
+
+    ks = [int(x) for x in args.k.split(",")]
+    shapes = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in shapes if s not in MODEL_SHAPES]
+    if unknown:
+        print(f"unknown shapes {unknown}; choose from {list(MODEL_SHAPES)}", file=sys.stderr)
+        return 2
+    result = run_ops(ks, {s: MODEL_SHAPES[s] for s in shapes}, args.repeats)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,363 @@
+"""The kbit ops, declared once with torch.library.
+
+Each op has a functional form (`kbit::dequantize`) and an `out=` form (`kbit::dequantize_out`,
+which writes into caller-provided tensors), a fake implementation for torch.compile, a
+reference implementation (kbit/reference.py, any device) and a CUDA implementation (the native
+library). CUDA kernels launch on the current stream of the input's device and never
+synchronise with the host. Arguments are checked here, with errors naming the argument; the
+native library trusts what it is given.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from . import reference as ref
+from .format import (
+    ABSMAX_DTYPES,
+    BLOCK_SIZE,
+    LAYOUTS,
+    MAX_ABSMAX_EXPONENT,
+    absmax_format_of,
+    check_absmax_format,
+    layout_shapes,
+    num_blocks,
+)
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_tensor(name: str, t, dtypes, shape=None, device=None) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected one of {list(dtypes)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {list(t.shape)}; expected {list(shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}; expected {device} (same device as the weight)")
+
+
+def _check_k_from_codebook(codebook: Tensor, device) -> int:
+    _check_tensor("codebook", codebook, (torch.float32,), device=device)
+    n = codebook.numel()
+    k = n.bit_length() - 1
+    if codebook.dim() != 1 or k not in (2, 3, 4, 5) or n != 2**k:
+        raise ValueError(f"codebook must have shape [2**k] for k in 2..5, got {list(codebook.shape)}")
+    return k
+
+
+def _check_exponent(absmax_exponent: int) -> None:
+    if not isinstance(absmax_exponent, int) or abs(absmax_exponent) > MAX_ABSMAX_EXPONENT:
+        raise ValueError(
+            f"absmax_exponent must be an int in [-{MAX_ABSMAX_EXPONENT}, {MAX_ABSMAX_EXPONENT}], "
+            f"got {absmax_exponent!r}"
+        )
+
+
+def _check_quantize(weight, codebook, absmax_format, absmax_exponent) -> int:
+    _check_tensor("weight", weight, FLOAT_DTYPES)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
+    k = _check_k_from_codebook(codebook, weight.device)
+    check_absmax_format(absmax_format)
+    _check_exponent(absmax_exponent)
+    return k
+
+
+def _check_packed(packed, absmax, codebook, n, kdim, layout) -> int:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if n < 0 or kdim < 0:
+        raise ValueError(f"N and K must be >= 0, got N={n}, K={kdim}")
+    _check_tensor("packed", packed, (torch.int32,))
+    k = _check_k_from_codebook(codebook, packed.device)
+    packed_shape, absmax_shape = layout_shapes(layout, n, kdim, k)
+    _check_tensor("packed", packed, (torch.int32,), packed_shape)
+    _check_tensor("absmax", absmax, tuple(ABSMAX_DTYPES.values()), absmax_shape, packed.device)
+    if not (packed.is_contiguous() and absmax.is_contiguous()):
+        raise ValueError("packed and absmax must be contiguous")
+    return k
+
+
+def _check_out(name: str, out: Tensor, dtypes, shape, device) -> None:
+    _check_tensor(name, out, dtypes, shape, device)
+    if not out.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+# ----------------------------------------------------------------------------- quantize
+
+
+def _quantize_cuda_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status):
+    lib = _lib.native(weight)
+    if lib is None:
+        return _quantize_ref_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
+    if weight.stride(-1) != 1 and weight.numel() > 0:
+        weight = weight.contiguous()
+    n, kdim = weight.shape
+    dev, stream = _lib.stream_of(weight)
+    rc = lib.kbit_quantize(
+        dev, stream, weight.data_ptr(), _lib.DTYPE_CODES[weight.dtype], n, kdim,
+        weight.stride(0) if n > 1 else kdim, codebook.data_ptr(), codebook.numel().bit_length() - 1,
+        _lib.ABSMAX_CODES[absmax_format], absmax_exponent, packed.data_ptr(), absmax.data_ptr(),
+        status.data_ptr(),
+    )
+    _lib.check(rc, "quantize")
+
+
+def _quantize_ref_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status):
+    if weight.numel() == 0:
+        return
+    p, a, s = ref.quantize(weight, codebook, absmax_format, absmax_exponent)
+    packed.copy_(p)
+    absmax.copy_(a)
+    status.copy_(torch.maximum(status, s))
+
+
+def _quantize_shapes(weight, codebook, absmax_format):
+    n, kdim = weight.shape
+    k = codebook.numel().bit_length() - 1
+    kb = num_blocks(kdim)
+    return (n, kb, k), (n, kb), ABSMAX_DTYPES[absmax_format]
+
+
+@torch.library.custom_op("kbit::quantize", mutates_args=())
+def quantize(
+    weight: Tensor, codebook: Tensor, absmax_format: str, absmax_exponent: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """weight [N, K] -> (packed int32 [N, KB, k], absmax [N, KB], status int32 [2]).
+
+    status[0] != 0: the weight has NaN/Inf; status[1] != 0: a block absmax * 2**-exponent is
+    outside the absmax format's range. The caller must check status (kbit.quantize does).
+    """
+    _check_quantize(weight, codebook, absmax_format, absmax_exponent)
+    ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
+    packed = torch.empty(ps, dtype=torch.int32, device=weight.device)
+    absmax = torch.empty(as_, dtype=adt, device=weight.device)
+    status = torch.zeros(2, dtype=torch.int32, device=weight.device)
+    _quantize_ref_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
+    return packed, absmax, status
+
+
+@quantize.register_kernel("cuda")
+def _(weight, codebook, absmax_format, absmax_exponent):
+    _check_quantize(weight, codebook, absmax_format, absmax_exponent)
+    ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
+    packed = torch.empty(ps, dtype=torch.int32, device=weight.device)
+    absmax = torch.empty(as_, dtype=adt, device=weight.device)
+    status = torch.zeros(2, dtype=torch.int32, device=weight.device)
+    _quantize_cuda_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
+    return packed, absmax, status
+
+
+@quantize.register_fake
+def _(weight, codebook, absmax_format, absmax_exponent):
+    ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
+    return (
+        weight.new_empty(ps, dtype=torch.int32),
+        weight.new_empty(as_, dtype=adt),
+        weight.new_empty(2, dtype=torch.int32),
+    )
+
+
+def _check_quantize_out(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status):
+    _check_quantize(weight, codebook, absmax_format, absmax_exponent)
+    ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
+    _check_out("packed", packed, (torch.int32,), ps, weight.device)
+    _check_out("absmax", absmax, (adt,), as_, weight.device)
+    _check_out("status", status, (torch.int32,), (2,), weight.device)
+
+
+@torch.library.custom_op("kbit::quantize_out", mutates_args=("packed", "absmax", "status"))
+def quantize_out(
+    weight: Tensor, codebook: Tensor, absmax_format: str, absmax_exponent: int,
+    packed: Tensor, absmax: Tensor, status: Tensor,
+) -> None:
+    """`quantize` into caller-provided tensors. status is ORed into, not cleared."""
+    _check_quantize_out(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
+    _quantize_ref_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
+
+
+@quantize_out.register_kernel("cuda")
+def _(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status):
+    _check_quantize_out(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
+    _quantize_cuda_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
+
+
+# ----------------------------------------------------------------------------- dequantize
+
+
+def _dequantize_ref_into(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out):
+    if n == 0 or kdim == 0:
+        return
+    out.copy_(ref.dequantize(packed, absmax, codebook, (n, kdim), layout, absmax_exponent, out.dtype))
+
+
+def _dequantize_cuda_into(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out):
+    lib = _lib.native(packed)
+    if lib is None:
+        return _dequantize_ref_into(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out)
+    dev, stream = _lib.stream_of(packed)
+    rc = lib.kbit_dequantize(
+        dev, stream, packed.data_ptr(), absmax.data_ptr(), _lib.ABSMAX_CODES[absmax_format_of(absmax)],
+        codebook.data_ptr(), codebook.numel().bit_length() - 1, n, kdim, _lib.LAYOUT_CODES[layout],
+        absmax_exponent, out.data_ptr(), _lib.DTYPE_CODES[out.dtype],
+    )
+    _lib.check(rc, "dequantize")
+
+
+def _check_dequantize(packed, absmax, codebook, n, kdim, layout, absmax_exponent, dtype):
+    _check_packed(packed, absmax, codebook, n, kdim, layout)
+    _check_exponent(absmax_exponent)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {list(FLOAT_DTYPES)}, got {dtype}")
+
+
+@torch.library.custom_op("kbit::dequantize", mutates_args=())
+def dequantize(
+    packed: Tensor, absmax: Tensor, codebook: Tensor, n: int, kdim: int, layout: str,
+    absmax_exponent: int, dtype: torch.dtype,
+) -> Tensor:
+    """Packed weight (flat or a runtime layout) -> [n, kdim] in dtype."""
+    _check_dequantize(packed, absmax, codebook, n, kdim, layout, absmax_exponent, dtype)
+    out = torch.empty(n, kdim, dtype=dtype, device=packed.device)
+    _dequantize_ref_into(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out)
+    return out
+
+
+@dequantize.register_kernel("cuda")
+def _(packed, absmax, codebook, n, kdim, layout, absmax_exponent, dtype):
+    _check_dequantize(packed, absmax, codebook, n, kdim, layout, absmax_exponent, dtype)
+    out = torch.empty(n, kdim, dtype=dtype, device=packed.device)
+    _dequantize_cuda_into(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out)
+    return out
+
+
+@dequantize.register_fake
+def _(packed, absmax, codebook, n, kdim, layout, absmax_exponent, dtype):
+    return packed.new_empty((n, kdim), dtype=dtype)
+
+
+def _check_dequantize_out(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out):
+    _check_tensor("out", out, FLOAT_DTYPES)
+    _check_dequantize(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out.dtype)
+    _check_out("out", out, FLOAT_DTYPES, (n, kdim), packed.device)
+
+
+@torch.library.custom_op("kbit::dequantize_out", mutates_args=("out",))
+def dequantize_out(
+    packed: Tensor, absmax: Tensor, codebook: Tensor, n: int, kdim: int, layout: str,
+    absmax_exponent: int, out: Tensor,
+) -> None:
+    _check_dequantize_out(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out)
+    _dequantize_ref_into(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out)
+
+
+@dequantize_out.register_kernel("cuda")
+def _(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out):
+    _check_dequantize_out(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out)
+    _dequantize_cuda_into(packed, absmax, codebook, n, kdim, layout, absmax_exponent, out)
+
+
+# ----------------------------------------------------------------------------- repack
+
+
+def _repack_cuda_into(packed, absmax, n, kdim, k, layout, to_layout, packed_out, absmax_out):
+    lib = _lib.native(packed)
+    if lib is None:
+        return _repack_ref_into(packed, absmax, n, kdim, k, layout, to_layout, packed_out, absmax_out)
+    if layout == "flat":
+        packed_out.copy_(packed)
+        absmax_out.copy_(absmax)
+        return
+    dev, stream = _lib.stream_of(packed)
+    rc = lib.kbit_repack(
+        dev, stream, packed.data_ptr(), absmax.data_ptr(), absmax.element_size(), k, n, kdim,
+        _lib.LAYOUT_CODES[layout], int(to_layout), packed_out.data_ptr(), absmax_out.data_ptr(),
+    )
+    _lib.check(rc, "repack" if to_layout else "unrepack")
+
+
+def _repack_ref_into(packed, absmax, n, kdim, k, layout, to_layout, packed_out, absmax_out):
+    if n == 0 or kdim == 0:
+        return
+    fn = ref.repack if to_layout else ref.unrepack
+    p, a = fn(packed, absmax, (n, kdim), k, layout)
+    packed_out.copy_(p)
+    absmax_out.copy_(a)
+
+
+def _check_repack(packed, absmax, n, kdim, k, layout, to_layout):
+    if k not in (2, 3, 4, 5):
+        raise ValueError(f"k must be one of (2, 3, 4, 5), got {k}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    src_layout = "flat" if to_layout else layout
+    ps, as_ = layout_shapes(src_layout, n, kdim, k)
+    _check_tensor("packed", packed, (torch.int32,), ps)
+    _check_tensor("absmax", absmax, tuple(ABSMAX_DTYPES.values()), as_, packed.device)
+    if not (packed.is_contiguous() and absmax.is_contiguous()):
+        raise ValueError("packed and absmax must be contiguous")
+    return layout_shapes(layout if to_layout else "flat", n, kdim, k)
+
+
+def _def_repack(name: str, to_layout: bool):
+    doc = (
+        "Flat bit-planes/absmax -> runtime `layout` (docs/format.md)."
+        if to_layout
+        else "Runtime `layout` -> flat bit-planes/absmax (inverse of repack)."
+    )
+
+    @torch.library.custom_op(f"kbit::{name}", mutates_args=())
+    def op(packed: Tensor, absmax: Tensor, n: int, kdim: int, k: int, layout: str) -> tuple[Tensor, Tensor]:
+        ps, as_ = _check_repack(packed, absmax, n, kdim, k, layout, to_layout)
+        po, ao = packed.new_empty(ps), absmax.new_empty(as_)
+        _repack_ref_into(packed, absmax, n, kdim, k, layout, to_layout, po, ao)
+        return po, ao
+
+    @op.register_kernel("cuda")
+    def _(packed, absmax, n, kdim, k, layout):
+        ps, as_ = _check_repack(packed, absmax, n, kdim, k, layout, to_layout)
+        po, ao = packed.new_empty(ps), absmax.new_empty(as_)
+        _repack_cuda_into(packed, absmax, n, kdim, k, layout, to_layout, po, ao)
+        return po, ao
+
+    @op.register_fake
+    def _(packed, absmax, n, kdim, k, layout):
+        ps, as_ = layout_shapes(layout if to_layout else "flat", n, kdim, k)
+        return packed.new_empty(ps), absmax.new_empty(as_)
+
+    @torch.library.custom_op(f"kbit::{name}_out", mutates_args=("packed_out", "absmax_out"))
+    def op_out(
+        packed: Tensor, absmax: Tensor, n: int, kdim: int, k: int, layout: str,
+        packed_out: Tensor, absmax_out: Tensor,
+    ) -> None:
+        ps, as_ = _check_repack(packed, absmax, n, kdim, k, layout, to_layout)
+        _check_out("packed_out", packed_out, (torch.int32,), ps, packed.device)
+        _check_out("absmax_out", absmax_out, (absmax.dtype,), as_, packed.device)
+        _repack_ref_into(packed, absmax, n, kdim, k, layout, to_layout, packed_out, absmax_out)
+
+    @op_out.register_kernel("cuda")
+    def _(packed, absmax, n, kdim, k, layout, packed_out, absmax_out):
+        ps, as_ = _check_repack(packed, absmax, n, kdim, k, layout, to_layout)
+        _check_out("packed_out", packed_out, (torch.int32,), ps, packed.device)
+        _check_out("absmax_out", absmax_out, (absmax.dtype,), as_, packed.device)
+        _repack_cuda_into(packed, absmax, n, kdim, k, layout, to_layout, packed_out, absmax_out)
+
+    op.__doc__ = op_out.__doc__ = doc
+    return op, op_out
+
+
+repack, repack_out = _def_repack("repack", True)
+unrepack, unrepack_out = _def_repack("unrepack", False)
+
+__all__ = [
+    "quantize", "quantize_out", "dequantize", "dequantize_out",
+    "repack", "repack_out", "unrepack", "unrepack_out", "BLOCK_SIZE",
+]
