@@ -1,0 +1,204 @@
+"""kbit.quantize / dequantize / repack on every device present, bit for bit against an
+independent implementation of the format and against kbit.reference."""
+
+import numpy as np
+import pytest
+import torch
+
+import kbit
+from kbit import ops
+from kbit import reference as ref
+from kbit.format import KbitFormatError, nf_codebook, unpack_bitplanes
+
+import independent
+from conftest import GPU, random_weight
+
+DEVICES = ["cpu"] + (["cuda"] if GPU else [])
+SHAPES = [(1, 1), (3, 33), (200, 96), (17, 4128), (64, 2048)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _check_against_independent(w, q, fmt):
+    idx, stored = independent.quantize(w.float().cpu().numpy(), q.codebook.cpu().numpy(), fmt, q.absmax_exponent)
+    got_idx = unpack_bitplanes(q.packed.cpu(), q.k).numpy()
+    assert np.array_equal(got_idx, idx), f"indices differ at {np.argwhere(got_idx != idx)[:5]}"
+    got_stored = q.absmax.cpu().numpy()
+    assert np.array_equal(got_stored.view(np.uint8), np.asarray(stored).view(np.uint8))
+    for dtype in DTYPES:
+        d = kbit.dequantize(q, dtype)
+        want = independent.dequantize(idx, stored, q.codebook.cpu().numpy(), fmt, q.absmax_exponent, w.shape[1])
+        assert torch.equal(d.cpu(), torch.from_numpy(want).to(dtype)), dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("fmt", ["e4m4", "fp16", "fp32"])
+def test_quantize_matches_independent(device, k, fmt, rng):
+    for (n, kdim), dtype in zip(SHAPES, DTYPES * 2):
+        w = random_weight(n, kdim, dtype, rng, device)
+        q = kbit.quantize(w, k=k, absmax_format=fmt)
+        assert q.shape == (n, kdim) and q.device.type == device
+        assert q.absmax_exponent == 0
+        _check_against_independent(w, q, fmt)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_adversarial_values(device, k, rng):
+    cb = nf_codebook(k).double()
+    # exact codebook midpoints (ties), codebook values, zeros, a lone nonzero, +-absmax
+    mids = ((cb[1:] + cb[:-1]) / 2).float()
+    row = torch.cat([mids, cb.float(), -mids, torch.zeros(5), torch.tensor([1.0, -1.0])])
+    w = torch.zeros(6, 128)
+    w[0, : row.numel()] = row[:128]
+    w[1, 40] = 3e-3
+    w[2] = torch.randn(128, generator=rng).sign() * 0.25   # ties at the absmax in every block
+    w[3, :64] = 2.0**-14                                    # smallest E4M4 scale exactly
+    w[4] = torch.randn(128, generator=rng) * 5              # absmax in the top E4M4 binade
+    w = w.to(device)
+    q = kbit.quantize(w, k=k)
+    _check_against_independent(w, q, "e4m4")
+    assert (kbit.dequantize(q, torch.float32)[5] == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["e4m4", "fp16"])
+def test_out_of_range_absmax_gets_tensor_scale(device, fmt, rng):
+    big = random_weight(8, 64, gen=rng, device=device, spread=0) * (1e3 if fmt == "e4m4" else 1e6)
+    q = kbit.quantize(big, k=4, absmax_format=fmt)
+    assert q.absmax_exponent > 0
+    _check_against_independent(big, q, fmt)
+    rel = (kbit.dequantize(q, torch.float32) - big).norm() / big.norm()
+    assert rel < 0.15  # 4-bit quantization error, not saturation (which would be ~1)
+    tiny = random_weight(8, 64, gen=rng, device=device, spread=0) * 1e-6
+    q = kbit.quantize(tiny, k=4, absmax_format=fmt)
+    assert q.absmax_exponent < (0 if fmt == "e4m4" else 1)
+    _check_against_independent(tiny, q, fmt)
+    assert (kbit.dequantize(q, torch.float32) - tiny).norm() / tiny.norm() < 0.15
+    wide = torch.ones(2, 64, device=device)
+    wide[1] *= 1e-12
+    with pytest.raises(KbitFormatError, match="range"):
+        kbit.quantize(wide, k=4, absmax_format=fmt)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_weight(device):
+    q = kbit.quantize(torch.zeros(3, 70, device=device), k=3)
+    assert (q.absmax == 0).all()
+    assert (kbit.dequantize(q, torch.float32) == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_weight_raises(device, bad):
+    w = torch.randn(4, 64, device=device)
+    w[2, 17] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        kbit.quantize(w, k=4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_weight(device, rng):
+    base = random_weight(96, 200, torch.float16, rng, device)
+    for view in (base.T, base[::2], base[:, 5:133]):
+        assert not view.is_contiguous()
+        q, qc = kbit.quantize(view, k=4), kbit.quantize(view.contiguous(), k=4)
+        assert torch.equal(q.packed, qc.packed) and torch.equal(q.absmax, qc.absmax)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("fmt", ["e4m4", "fp16", "fp32"])
+def test_repack_roundtrip_and_tiled_dequantize(device, k, fmt, rng):
+    for n, kdim in [(1, 1), (5, 33), (7, 64), (130, 4128)]:
+        q = kbit.quantize(random_weight(n, kdim, gen=rng, device=device), k=k, absmax_format=fmt)
+        t = kbit.repack(q)
+        assert t.layout == "tiled64"
+        p, a = ref.repack(q.packed.cpu(), q.absmax.cpu(), q.shape, k, "tiled64")
+        assert torch.equal(t.packed.cpu(), p) and torch.equal(t.absmax.cpu(), a)
+        # the layout's index formula, spelled out
+        kb = q.packed.shape[1]
+        for nn, b in [(0, 0), (n - 1, kb - 1), (n // 2, kb // 2)]:
+            kt, j = divmod(b, 2)
+            assert torch.equal(t.packed.reshape(-1, k)[(kt * n + nn) * 2 + j].cpu(), q.packed[nn, b].cpu())
+        u = kbit.unrepack(t)
+        assert torch.equal(u.packed, q.packed) and torch.equal(u.absmax, q.absmax)
+        for dtype in DTYPES:
+            assert torch.equal(kbit.dequantize(t, dtype), kbit.dequantize(q, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dequantize_out_and_poison(device, rng):
+    q = kbit.repack(kbit.quantize(random_weight(33, 160, gen=rng, device=device), k=5))
+    for dtype in DTYPES:
+        out = torch.full((33, 160), float("nan"), dtype=dtype, device=device)
+        assert kbit.dequantize(q, out=out) is out
+        assert torch.isfinite(out).all()
+        assert torch.equal(out, kbit.dequantize(q, dtype))
+    with pytest.raises(ValueError, match="out has shape"):
+        kbit.dequantize(q, out=torch.empty(33, 161, device=device))
+    with pytest.raises(TypeError, match="out has dtype"):
+        kbit.dequantize(q, out=torch.empty(33, 160, dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs(device):
+    w = torch.randn(8, 64, device=device)
+    with pytest.raises(ValueError, match="k must be"):
+        kbit.quantize(w, k=6)
+    with pytest.raises(TypeError, match="weight has dtype"):
+        kbit.quantize(w.to(torch.int32), k=4)
+    with pytest.raises(ValueError, match="2-D"):
+        kbit.quantize(w[0], k=4)
+    with pytest.raises(ValueError, match="absmax_format"):
+        kbit.quantize(w, absmax_format="e5m2")
+    with pytest.raises(KbitFormatError, match="codebook"):
+        kbit.quantize(w, k=4, codebook=torch.linspace(-1, 1, 8))
+    q = kbit.quantize(w, k=4)
+    n, kdim = q.shape
+    with pytest.raises(ValueError, match="packed has shape"):
+        ops.dequantize(q.packed[:4], q.absmax, q.codebook, n, kdim, "flat", 0, torch.float16)
+    with pytest.raises(ValueError, match="absmax has shape"):
+        ops.dequantize(q.packed, q.absmax[:, :1], q.codebook, n, kdim, "flat", 0, torch.float16)
+    with pytest.raises(TypeError, match="packed has dtype"):
+        ops.dequantize(q.packed.float(), q.absmax, q.codebook, n, kdim, "flat", 0, torch.float16)
+    with pytest.raises(ValueError, match="codebook"):
+        ops.dequantize(q.packed, q.absmax, q.codebook[:12], n, kdim, "flat", 0, torch.float16)
+    with pytest.raises(ValueError, match="layout"):
+        ops.dequantize(q.packed, q.absmax, q.codebook, n, kdim, "tiled32", 0, torch.float16)
+    with pytest.raises(ValueError, match="absmax_exponent"):
+        ops.dequantize(q.packed, q.absmax, q.codebook, n, kdim, "flat", 500, torch.float16)
+    with pytest.raises(TypeError, match="dtype"):
+        ops.dequantize(q.packed, q.absmax, q.codebook, n, kdim, "flat", 0, torch.int8)
+    if device == "cuda":
+        with pytest.raises(ValueError, match="absmax is on cpu"):
+            ops.dequantize(q.packed, q.absmax.cpu(), q.codebook, n, kdim, "flat", 0, torch.float16)
+        with pytest.raises(ValueError, match="codebook is on cpu"):
+            ops.dequantize(q.packed, q.absmax, q.codebook.cpu(), n, kdim, "flat", 0, torch.float16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device, rng):
+    w = random_weight(9, 100, torch.float16, rng, device)
+    cb = nf_codebook(3).to(device)
+    q = kbit.quantize(w, k=3)
+    t = kbit.repack(q)
+    n, kdim = q.shape
+    cases = [
+        (ops.quantize, (w, cb, "e4m4", 0)),
+        (ops.quantize_out, (w, cb, "fp16", 0, torch.empty(9, 4, 3, dtype=torch.int32, device=device),
+                            torch.empty(9, 4, dtype=torch.float16, device=device),
+                            torch.zeros(2, dtype=torch.int32, device=device))),
+        (ops.dequantize, (q.packed, q.absmax, q.codebook, n, kdim, "flat", 0, torch.bfloat16)),
+        (ops.dequantize, (t.packed, t.absmax, t.codebook, n, kdim, "tiled64", 2, torch.float16)),
+        (ops.dequantize_out, (t.packed, t.absmax, t.codebook, n, kdim, "tiled64", 0,
+                              torch.empty(n, kdim, device=device))),
+        (ops.repack, (q.packed, q.absmax, n, kdim, 3, "tiled64")),
+        (ops.unrepack, (t.packed, t.absmax, n, kdim, 3, "tiled64")),
+        (ops.repack_out, (q.packed, q.absmax, n, kdim, 3, "tiled64", torch.empty_like(t.packed),
+                          torch.empty_like(t.absmax))),
+        (ops.unrepack_out, (t.packed, t.absmax, n, kdim, 3, "tiled64", torch.empty_like(q.packed),
+                            torch.empty_like(q.absmax))),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
