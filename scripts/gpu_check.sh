@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: build + install, full test suite, compute-sanitizer, benchmark.
+# Usage (on the device machine, repo root): bash scripts/gpu_check.sh [bench args...]
+# Logs go to $OUT (or ./out). Prints a short summary last.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
+summary=()
+t0=$(date +%s)
+if python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
+  summary+=("build: ok ($(( $(date +%s) - t0 ))s) $(grep -m1 'kbit: building' "$OUT/build.log")")
+else
+  tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+fi
+cd /tmp  # import the installed package, not the source tree
+kbit info | tee "$OUT/info.log"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest -q -x -p no:cacheprovider "$OLDPWD/tests" > "$OUT/tests.log" 2>&1
+  summary+=("tests: $(tail -1 "$OUT/tests.log")")
+fi
+if [ "${SANITIZE:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 python3 "$OLDPWD/scripts/sanitize_ops.py" > "$OUT/sanitizer_$tool.log" 2>&1
+    summary+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)")
+  done
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  kbit bench --json "$OUT/bench.json" "$@" > "$OUT/bench.log" 2> "$OUT/bench.err"
+  summary+=("bench: rc=$?")
+  cat "$OUT/bench.log"
+fi
+grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,18 @@
+"""Small run of every CUDA kernel, for compute-sanitizer (memcheck, racecheck, initcheck)."""
+import torch
+
+import kbit
+
+for k in (2, 3, 4, 5):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for fmt in ("e4m4", "fp16", "fp32"):
+            for n, kdim in ((1, 1), (3, 33), (5, 100), (9, 256)):
+                w = (torch.randn(n, kdim, device="cuda") * 0.1).to(dtype)
+                q = kbit.quantize(w, k=k, absmax_format=fmt)
+                t = kbit.repack(q)
+                u = kbit.unrepack(t)
+                for out in (torch.float32, torch.float16, torch.bfloat16):
+                    kbit.dequantize(q, out)
+                    kbit.dequantize(t, out)
+torch.cuda.synchronize()
+print("sanitize_ops: done")
