@@ -6,32 +6,34 @@
 // (shfl_xor); each lane packs its 8 indices into bits [8q, 8q+8) of the k planes, and an OR
 // over the 4 lanes completes the words. Lane q of a block writes planes q and q + 4.
 //
-// Index search: binary search over the codebook in shared memory (32 floats = 32 banks, so any
-// warp-wide lookup is conflict-free), then the float32 distances |x - c| of the two
-// neighbours decide; ties go to the lower index, walking down runs of equal rounded distances
-// so the result equals argmin over all entries (kbit/reference.py: nearest_index) exactly.
+// Index search: the nearest-entry rule (float32 |x - c|, ties to the lower index; see
+// kbit/reference.py: nearest_index) is a step function of x with 2**k - 1 steps, because the
+// codebook is sorted and its entries are >= 2^-20 apart (so no two rounded distances on one
+// side of x can tie). Each CTA computes the exact float32 step positions once (thresholds in
+// shared memory: 32 banks, conflict-free) and each value needs only a k-step binary search:
+// about half the instructions of a search over the codebook followed by distance checks.
 #include "common.cuh"
 
 namespace kbit {
 namespace {
 
-template <int K_BITS>
-__device__ __forceinline__ uint32_t nearest_index(float x, const float* cb) {
-  constexpr int n = 1 << K_BITS;
-  int cnt = 0;  // number of entries <= x
-#pragma unroll
-  for (int s = n / 2; s >= 1; s /= 2)
-    if (cb[cnt + s - 1] <= x) cnt += s;
-  if (cnt < n && cb[cnt] <= x) cnt++;
-  if (cnt == 0) return 0;
-  int idx = cnt - 1;
-  float d = fabsf(x - cb[idx]);
-  if (cnt < n) {
-    float d_hi = fabsf(x - cb[cnt]);
-    if (d_hi < d) return cnt;
+constexpr int kThreads = 256;
+
+// d(x, c) = |x - c| rounded to float32, as the reference computes it.
+__device__ __forceinline__ float dist(float x, float c) { return fabsf(x - c); }
+
+// Decision threshold between entries j-1 and j: the smallest float32 x with
+// d(x, c_j) < d(x, c_{j-1}), i.e. from which the nearest-entry rule (ties to the lower index)
+// picks j over j-1. The predicate is monotone in x, and the threshold lies within a few ulps
+// of the float32 midpoint, so a short walk from the midpoint finds it exactly.
+__device__ float decision_threshold(float lo, float hi) {
+  float x = lo + 0.5f * (hi - lo);
+  if (dist(x, hi) < dist(x, lo)) {
+    for (float p = nextafterf(x, lo); dist(p, hi) < dist(p, lo); p = nextafterf(x, lo)) x = p;
+  } else {
+    do x = nextafterf(x, hi); while (!(dist(x, hi) < dist(x, lo)));
   }
-  while (idx > 0 && fabsf(x - cb[idx - 1]) == d) idx--;
-  return idx;
+  return x;
 }
 
 __device__ __forceinline__ bool absmax_in_range(float a, int format) {
@@ -42,96 +44,105 @@ __device__ __forceinline__ bool absmax_in_range(float a, int format) {
 }
 
 template <typename T, int K_BITS, bool VEC>
-__global__ void __launch_bounds__(256) quantize_kernel(
+__global__ void __launch_bounds__(kThreads) quantize_kernel(
     const T* __restrict__ weight, int64_t N, int64_t K, int64_t ld, int64_t KB,
     const float* __restrict__ codebook, int absmax_format, float shift_down, float shift_up,
     int32_t* __restrict__ packed, void* __restrict__ absmax, int32_t* __restrict__ status) {
-  __shared__ float cb[1 << K_BITS];
-  if (threadIdx.x < (1 << K_BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
+  constexpr int n_entries = 1 << K_BITS;
+  __shared__ float thresholds[n_entries];  // thresholds[j - 1] separates entries j - 1 and j
+  if (threadIdx.x + 1 < n_entries)
+    thresholds[threadIdx.x] = decision_threshold(codebook[threadIdx.x], codebook[threadIdx.x + 1]);
   __syncthreads();
 
-  const int64_t gid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t blk = gid >> 2;
+  // grid.x: 64 blocks of a row per CTA (4 threads each); grid.y (strided): rows.
   const int q = threadIdx.x & 3;
-  // Whole warps run (N * KB * 4 is padded to the grid); out-of-range threads hold zeros and
-  // only take part in the shuffles.
-  const bool active = blk < N * KB;
-  const int64_t n = active ? blk / KB : 0, kb = active ? blk % KB : 0;
+  const int64_t kb = int64_t(blockIdx.x) * (kThreads / 4) + (threadIdx.x >> 2);
+  // Threads past the row's end run along with zeros: they take part in the shuffles only.
+  const bool in_row = kb < KB;
   const int64_t col0 = kb * kBlock + q * 8;
 
-  float w[8];
-  if (VEC && active) {
-    // 8 values = 16 bytes (fp16/bf16) or 32 bytes (fp32); K % 32 == 0 and alignment checked
-    // by the launcher.
-    const T* src = weight + n * ld + col0;
-    if constexpr (sizeof(T) == 2) {
-      uint4 v = *reinterpret_cast<const uint4*>(src);
-      const T* h = reinterpret_cast<const T*>(&v);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    float w[8];
+    if (VEC && in_row) {
+      // 8 values = 16 bytes (fp16/bf16) or 32 bytes (fp32); K % 32 == 0 and alignment are
+      // checked by the launcher.
+      const T* src = weight + n * ld + col0;
+      if constexpr (sizeof(T) == 2) {
+        uint4 v = *reinterpret_cast<const uint4*>(src);
+        const T* h = reinterpret_cast<const T*>(&v);
 #pragma unroll
-      for (int j = 0; j < 8; j++) w[j] = to_float(h[j]);
+        for (int j = 0; j < 8; j++) w[j] = to_float(h[j]);
+      } else {
+        float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+      }
     } else {
-      float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-      w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        w[j] = (in_row && col0 + j < K) ? to_float(weight[n * ld + col0 + j]) : 0.f;
     }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-      w[j] = (active && col0 + j < K) ? to_float(weight[n * ld + col0 + j]) : 0.f;
-  }
 
-  float amax = 0.f;
-  bool finite = true;
+    float amax = 0.f;
+    bool finite = true;
 #pragma unroll
-  for (int j = 0; j < 8; j++) {
-    finite &= isfinite(w[j]);
-    amax = fmaxf(amax, fabsf(w[j]));
-  }
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    for (int j = 0; j < 8; j++) {
+      finite &= isfinite(w[j]);
+      amax = fmaxf(amax, fabsf(w[j]));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
 
-  // Per-tensor power-of-two shift (exact), then round to the stored format.
-  float shifted = amax * shift_down;
-  bool in_range = absmax_in_range(shifted, absmax_format);
-  if (!finite) atomicOr(&status[0], 1);
-  if (active && q == 0 && !in_range && finite) atomicOr(&status[1], 1);
-  if (!in_range || !finite) shifted = 0.f;
+    // Per-tensor power-of-two shift (exact), then round to the stored format.
+    float shifted = amax * shift_down;
+    const bool in_range = absmax_in_range(shifted, absmax_format);
+    if (!finite) atomicOr(&status[0], 1);
+    if (in_row && q == 0 && !in_range && finite) atomicOr(&status[1], 1);
+    if (!in_range) shifted = 0.f;
 
-  float stored;
-  if (absmax_format == KBIT_ABSMAX_E4M4) {
-    uint32_t code = e4m4_encode(shifted);
-    stored = e4m4_decode(code);
-    if (active && q == 0) static_cast<uint8_t*>(absmax)[blk] = uint8_t(code);
-  } else if (absmax_format == KBIT_ABSMAX_F16) {
-    __half h = __float2half_rn(shifted);
-    stored = __half2float(h);
-    if (active && q == 0) static_cast<__half*>(absmax)[blk] = h;
-  } else {
-    stored = shifted;
-    if (active && q == 0) static_cast<float*>(absmax)[blk] = shifted;
-  }
-  const float scale = stored * shift_up;
+    const int64_t blk = n * KB + kb;
+    float stored;
+    if (absmax_format == KBIT_ABSMAX_E4M4) {
+      uint32_t code = e4m4_encode(shifted);
+      stored = e4m4_decode(code);
+      if (in_row && q == 0) static_cast<uint8_t*>(absmax)[blk] = uint8_t(code);
+    } else if (absmax_format == KBIT_ABSMAX_F16) {
+      __half h = __float2half_rn(shifted);
+      stored = __half2float(h);
+      if (in_row && q == 0) static_cast<__half*>(absmax)[blk] = h;
+    } else {
+      stored = shifted;
+      if (in_row && q == 0) static_cast<float*>(absmax)[blk] = shifted;
+    }
+    const float scale = stored * shift_up;
 
-  uint32_t planes[K_BITS];
+    uint32_t planes[K_BITS];
 #pragma unroll
-  for (int b = 0; b < K_BITS; b++) planes[b] = 0;
+    for (int b = 0; b < K_BITS; b++) planes[b] = 0;
 #pragma unroll
-  for (int j = 0; j < 8; j++) {
-    float x = scale > 0.f ? w[j] / scale : 0.f;  // IEEE division (no fast-math)
-    if (!isfinite(x)) x = 0.f;
-    uint32_t idx = nearest_index<K_BITS>(x, cb);
+    for (int j = 0; j < 8; j++) {
+      // IEEE division (no fast-math). |x| <= 1.5 for any in-range block (the scale rounds
+      // absmax by at most that factor); the clamp only keeps NaN/Inf blocks well defined.
+      float x = scale > 0.f ? w[j] / scale : 0.f;
+      x = fminf(fmaxf(x, -2.f), 2.f);
+      // idx = number of thresholds <= x: branchless binary search over n_entries - 1 values
+      uint32_t idx = 0;
 #pragma unroll
-    for (int b = 0; b < K_BITS; b++) planes[b] |= ((idx >> b) & 1u) << (q * 8 + j);
-  }
+      for (int s = n_entries / 2; s >= 1; s /= 2)
+        if (thresholds[idx + s - 1] <= x) idx += s;
 #pragma unroll
-  for (int b = 0; b < K_BITS; b++) {
-    planes[b] |= __shfl_xor_sync(0xffffffffu, planes[b], 1);
-    planes[b] |= __shfl_xor_sync(0xffffffffu, planes[b], 2);
-  }
-  if (active) {
-    int32_t* dst = packed + blk * K_BITS;
+      for (int b = 0; b < K_BITS; b++) planes[b] |= ((idx >> b) & 1u) << (q * 8 + j);
+    }
 #pragma unroll
-    for (int b = 0; b < K_BITS; b++)
-      if ((b & 3) == q) dst[b] = int32_t(planes[b]);
+    for (int b = 0; b < K_BITS; b++) {
+      planes[b] |= __shfl_xor_sync(0xffffffffu, planes[b], 1);
+      planes[b] |= __shfl_xor_sync(0xffffffffu, planes[b], 2);
+    }
+    if (in_row) {
+      int32_t* dst = packed + blk * K_BITS;
+#pragma unroll
+      for (int b = 0; b < K_BITS; b++)
+        if ((b & 3) == q) dst[b] = int32_t(planes[b]);
+    }
   }
 }
 
@@ -140,16 +151,15 @@ cudaError_t launch_typed(cudaStream_t stream, const void* weight, int64_t N, int
                          const float* codebook, int absmax_format, int absmax_exponent,
                          int32_t* packed, void* absmax, int32_t* status) {
   const int64_t KB = ceil_div(K, kBlock);
-  const int threads = 256;
-  const int64_t grid = ceil_div(N * KB * 4, threads);
+  const dim3 grid(unsigned(ceil_div(KB, kThreads / 4)), unsigned(N < 65535 ? N : 65535));
   const float shift_down = ldexpf(1.f, -absmax_exponent), shift_up = ldexpf(1.f, absmax_exponent);
   const T* w = static_cast<const T*>(weight);
   const bool vec = K % kBlock == 0 && ld % 8 == 0 && (reinterpret_cast<uintptr_t>(weight) % 16) == 0;
   if (vec)
-    quantize_kernel<T, K_BITS, true><<<grid, threads, 0, stream>>>(
+    quantize_kernel<T, K_BITS, true><<<grid, kThreads, 0, stream>>>(
         w, N, K, ld, KB, codebook, absmax_format, shift_down, shift_up, packed, absmax, status);
   else
-    quantize_kernel<T, K_BITS, false><<<grid, threads, 0, stream>>>(
+    quantize_kernel<T, K_BITS, false><<<grid, kThreads, 0, stream>>>(
         w, N, K, ld, KB, codebook, absmax_format, shift_down, shift_up, packed, absmax, status);
   return cudaGetLastError();
 }

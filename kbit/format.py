@@ -83,9 +83,13 @@ def nf_codebook(k: int) -> torch.Tensor:
     return (v / v.abs().max()).to(torch.float32)
 
 
+CODEBOOK_MIN_GAP = 2.0**-20
+
+
 def check_codebook(codebook: torch.Tensor, k: int) -> torch.Tensor:
-    """Validate a codebook for k bits: 2**k sorted (strictly ascending) finite float32 values
-    in [-1, 1]. Returns it as float32; raises KbitFormatError naming what is wrong."""
+    """Validate a codebook for k bits: 2**k ascending finite float32 values in [-1, 1], adjacent
+    entries at least 2**-20 apart. Returns it as float32; raises KbitFormatError naming what is
+    wrong."""
     check_k(k)
     if not isinstance(codebook, torch.Tensor):
         raise KbitFormatError(f"codebook must be a tensor, got {type(codebook).__name__}")
@@ -105,6 +109,11 @@ def check_codebook(codebook: torch.Tensor, k: int) -> torch.Tensor:
         raise KbitFormatError("codebook values must lie in [-1, 1]")
     if not (cpu[1:] > cpu[:-1]).all():
         raise KbitFormatError("codebook values must be strictly ascending")
+    if not ((cpu[1:] - cpu[:-1]) >= CODEBOOK_MIN_GAP).all():
+        raise KbitFormatError(
+            f"codebook entries must be at least 2**-20 apart (float32 distances to entries closer "
+            f"than that can round equal, and the nearest-entry rule stops being a step function)"
+        )
     return cb
 
 

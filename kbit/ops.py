@@ -22,6 +22,7 @@ from .format import (
     MAX_ABSMAX_EXPONENT,
     absmax_format_of,
     check_absmax_format,
+    check_codebook,
     layout_shapes,
     num_blocks,
 )
@@ -65,6 +66,7 @@ def _check_quantize(weight, codebook, absmax_format, absmax_exponent) -> int:
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
     k = _check_k_from_codebook(codebook, weight.device)
+    check_codebook(codebook, k)  # a host sync: quantize is a load-time op
     check_absmax_format(absmax_format)
     _check_exponent(absmax_exponent)
     return k

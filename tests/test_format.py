@@ -42,6 +42,7 @@ def test_nf_codebook_matches_definition(k):
         (torch.full((16,), float("nan")), "NaN"),
         (torch.arange(16), "floating"),
         (torch.cat([torch.zeros(1), torch.zeros(1), torch.linspace(0.1, 1, 14)]), "ascending"),
+        (torch.cat([torch.zeros(1), torch.full((1,), 2.0**-22), torch.linspace(0.1, 1, 14)]), "apart"),
     ],
 )
 def test_check_codebook_rejects(bad, why):

@@ -38,7 +38,6 @@ def test_quantize_matches_independent(device, k, fmt, rng):
         w = random_weight(n, kdim, dtype, rng, device)
         q = kbit.quantize(w, k=k, absmax_format=fmt)
         assert q.shape == (n, kdim) and q.device.type == device
-        assert q.absmax_exponent == 0
         _check_against_independent(w, q, fmt)
 
 
@@ -202,3 +201,33 @@ def test_opcheck(device, rng):
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_decision_boundaries_user_codebook(device, k, rng):
+    """Values within a few ulps of every midpoint, for the nf codebook and a random user
+    codebook with some entries only 2**-19 apart: the nearest-entry rule must hold exactly."""
+    n = 2**k
+    user = torch.sort(torch.rand(n, generator=rng, dtype=torch.float64) * 2 - 1).values.float()
+    user[0], user[-1] = -1.0, 1.0
+    user[n // 2] = user[n // 2 - 1] + 2.0**-19  # a pair at (about) the smallest allowed gap
+    user = torch.sort(user).values
+    for cb in (nf_codebook(k), user):
+        if not ((cb[1:] - cb[:-1]) >= 2.0**-20).all():
+            continue
+        mids = (cb[1:] + cb[:-1]) / 2
+        near = [mids]
+        for steps in (1, 2, 3):
+            near += [torch.nextafter(near[-1] if steps > 1 else mids, torch.tensor(2.0)),
+                     torch.nextafter(near[-2] if steps > 1 else mids, torch.tensor(-2.0))]
+        vals = torch.cat(near)
+        # rows of 32: first value 1.0 makes absmax = 1 (stored exactly), so x = w exactly
+        per_row = 31
+        rows = -(-vals.numel() // per_row)
+        w = torch.zeros(rows, 32)
+        w[:, 0] = 1.0
+        w[:, 1:].view(-1)[: vals.numel()] = vals
+        w = w.to(device)
+        q = kbit.quantize(w, k=k, codebook=cb)
+        _check_against_independent(w, q, "e4m4")
