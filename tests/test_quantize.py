@@ -225,9 +225,9 @@ def test_decision_boundaries_user_codebook(device, k, rng):
         # rows of 32: first value 1.0 makes absmax = 1 (stored exactly), so x = w exactly
         per_row = 31
         rows = -(-vals.numel() // per_row)
-        w = torch.zeros(rows, 32)
-        w[:, 0] = 1.0
-        w[:, 1:].view(-1)[: vals.numel()] = vals
+        body = torch.zeros(rows * per_row)
+        body[: vals.numel()] = vals
+        w = torch.cat([torch.ones(rows, 1), body.view(rows, per_row)], 1)
         w = w.to(device)
         q = kbit.quantize(w, k=k, codebook=cb)
         _check_against_independent(w, q, "e4m4")
