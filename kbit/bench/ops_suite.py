@@ -16,8 +16,23 @@ def _progress(msg: str) -> None:
     print(f"  .. {msg}", file=sys.stderr, flush=True)
 
 
+def warm_up(seconds: float = 0.5) -> None:
+    """Busy the GPU so its clocks have ramped up before the first measurement."""
+    a = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(20):
+            a @ a
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) > seconds * 1000:
+            return
+
+
 def reference_rates(repeats: int) -> dict:
     """GB/s of a 1 GiB device copy (read + write) and of an fp16 GEMV on 8192x28672."""
+    warm_up()
     n = 2**29  # fp16 elements: 1 GiB
     src = [torch.randn(n, dtype=torch.float16, device="cuda") for _ in range(2)]
     dst = [torch.empty_like(s) for s in src]
