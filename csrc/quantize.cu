@@ -22,18 +22,28 @@ constexpr int kThreads = 256;
 // d(x, c) = |x - c| rounded to float32, as the reference computes it.
 __device__ __forceinline__ float dist(float x, float c) { return fabsf(x - c); }
 
-// Decision threshold between entries j-1 and j: the smallest float32 x with
-// d(x, c_j) < d(x, c_{j-1}), i.e. from which the nearest-entry rule (ties to the lower index)
-// picks j over j-1. The predicate is monotone in x, and the threshold lies within a few ulps
-// of the float32 midpoint, so a short walk from the midpoint finds it exactly.
+// float32 <-> an int32 key with the same order (-0 sorts just below +0).
+__host__ __device__ __forceinline__ int32_t order_key(float f) {
+  int32_t i = __float_as_int(f);
+  return i ^ ((i >> 31) & 0x7fffffff);
+}
+__host__ __device__ __forceinline__ float from_order_key(int32_t k) {
+  return __int_as_float(k ^ ((k >> 31) & 0x7fffffff));
+}
+
+// Decision threshold between entries lo < hi: the smallest float32 x with
+// d(x, hi) < d(x, lo), i.e. from which the nearest-entry rule (ties to the lower index)
+// picks hi over lo. The predicate is monotone in x (false at lo, true at hi), so a bisection
+// over the float32 order (32 steps) finds it exactly. (Walking ulps from the midpoint does
+// not work: a threshold next to 0 sits ~2^30 subnormal ulps away.)
 __device__ float decision_threshold(float lo, float hi) {
-  float x = lo + 0.5f * (hi - lo);
-  if (dist(x, hi) < dist(x, lo)) {
-    for (float p = nextafterf(x, lo); dist(p, hi) < dist(p, lo); p = nextafterf(x, lo)) x = p;
-  } else {
-    do x = nextafterf(x, hi); while (!(dist(x, hi) < dist(x, lo)));
+  int64_t below = order_key(lo), above = order_key(hi);  // P(below) false, P(above) true
+  while (above - below > 1) {
+    const int32_t mid = int32_t(below + (above - below) / 2);
+    const float x = from_order_key(mid);
+    if (dist(x, hi) < dist(x, lo)) above = mid; else below = mid;
   }
-  return x;
+  return from_order_key(int32_t(above));
 }
 
 __device__ __forceinline__ bool absmax_in_range(float a, int format) {

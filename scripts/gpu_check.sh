@@ -15,17 +15,17 @@ fi
 cd /tmp  # import the installed package, not the source tree
 kbit info | tee "$OUT/info.log"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest -q -x -p no:cacheprovider "$OLDPWD/tests" > "$OUT/tests.log" 2>&1
+  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -x -p no:cacheprovider "$OLDPWD/tests" > "$OUT/tests.log" 2>&1
   summary+=("tests: $(tail -1 "$OUT/tests.log")")
 fi
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 python3 "$OLDPWD/scripts/sanitize_ops.py" > "$OUT/sanitizer_$tool.log" 2>&1
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 python3 "$OLDPWD/scripts/sanitize_ops.py" > "$OUT/sanitizer_$tool.log" 2>&1
     summary+=("compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)")
   done
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  kbit bench --json "$OUT/bench.json" "$@" > "$OUT/bench.log" 2> "$OUT/bench.err"
+  timeout ${BENCH_TIMEOUT:-240} kbit bench --json "$OUT/bench.json" "$@" > "$OUT/bench.log" 2> "$OUT/bench.err"
   summary+=("bench: rc=$?")
   cat "$OUT/bench.log"
 fi
