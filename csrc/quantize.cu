@@ -23,11 +23,11 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ float dist(float x, float c) { return fabsf(x - c); }
 
 // float32 <-> an int32 key with the same order (-0 sorts just below +0).
-__host__ __device__ __forceinline__ int32_t order_key(float f) {
+__device__ __forceinline__ int32_t order_key(float f) {
   int32_t i = __float_as_int(f);
   return i ^ ((i >> 31) & 0x7fffffff);
 }
-__host__ __device__ __forceinline__ float from_order_key(int32_t k) {
+__device__ __forceinline__ float from_order_key(int32_t k) {
   return __int_as_float(k ^ ((k >> 31) & 0x7fffffff));
 }
 
