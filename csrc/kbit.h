@@ -23,8 +23,9 @@ KBIT_API int kbit_abi_version(void);
 KBIT_API const char* kbit_error_string(int err);
 
 // weight [N, K] (row stride ld elements, unit column stride) -> packed int32 [N, KB, k] and
-// absmax [N, KB] in absmax_format. status int32[2] must be zeroed by the caller; the kernel
-// ORs 1 into status[0] on a NaN/Inf and into status[1] on a block absmax out of range.
+// absmax [N, KB] in absmax_format. status int32[3] must be zeroed by the caller; the kernel
+// ORs 1 into status[0] on a NaN/Inf, into status[1] on a block absmax out of range and into
+// status[2] when the codebook breaks the rules (ascending, >= 2^-20 apart, within [-1, 1]).
 KBIT_API int kbit_quantize(int device, void* stream, const void* weight, int weight_dtype, int64_t N,
                   int64_t K, int64_t ld, const float* codebook, int k, int absmax_format,
                   int absmax_exponent, int32_t* packed, void* absmax, int32_t* status);

@@ -60,8 +60,14 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     int32_t* __restrict__ packed, void* __restrict__ absmax, int32_t* __restrict__ status) {
   constexpr int n_entries = 1 << K_BITS;
   __shared__ float thresholds[n_entries];  // thresholds[j - 1] separates entries j - 1 and j
-  if (threadIdx.x + 1 < n_entries)
-    thresholds[threadIdx.x] = decision_threshold(codebook[threadIdx.x], codebook[threadIdx.x + 1]);
+  if (threadIdx.x + 1 < n_entries) {
+    const float lo = codebook[threadIdx.x], hi = codebook[threadIdx.x + 1];
+    // The step-function search is exact only for valid codebooks (docs/format.md); the host
+    // does not look at the codebook (no sync), so the kernel reports a bad one.
+    const bool valid = hi - lo >= 0x1p-20f && lo >= -1.f && hi <= 1.f;  // false on NaN
+    if (!valid && blockIdx.x == 0 && blockIdx.y == 0) atomicOr(&status[2], 1);
+    thresholds[threadIdx.x] = valid ? decision_threshold(lo, hi) : 0.f;
+  }
   __syncthreads();
 
   // grid.x: 64 blocks of a row per CTA (4 threads each); grid.y (strided): rows.

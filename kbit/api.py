@@ -47,6 +47,8 @@ def quantize(
     exponent = 0
     packed, absmax, status = ops.quantize(weight, codebook, absmax_format, exponent)
     flags = status.tolist()  # quantization is a load-time op: one host sync is fine here
+    if flags[2]:
+        raise KbitFormatError("codebook breaks the format's rules (see kbit.format.check_codebook)")
     if flags[0]:
         raise ValueError("weight contains NaN or Inf values; cannot quantize")
     if flags[1]:

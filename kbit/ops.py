@@ -22,7 +22,6 @@ from .format import (
     MAX_ABSMAX_EXPONENT,
     absmax_format_of,
     check_absmax_format,
-    check_codebook,
     layout_shapes,
     num_blocks,
 )
@@ -66,7 +65,6 @@ def _check_quantize(weight, codebook, absmax_format, absmax_exponent) -> int:
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D [N, K], got shape {list(weight.shape)}")
     k = _check_k_from_codebook(codebook, weight.device)
-    check_codebook(codebook, k)  # a host sync: quantize is a load-time op
     check_absmax_format(absmax_format)
     _check_exponent(absmax_exponent)
     return k
@@ -133,16 +131,18 @@ def _quantize_shapes(weight, codebook, absmax_format):
 def quantize(
     weight: Tensor, codebook: Tensor, absmax_format: str, absmax_exponent: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """weight [N, K] -> (packed int32 [N, KB, k], absmax [N, KB], status int32 [2]).
+    """weight [N, K] -> (packed int32 [N, KB, k], absmax [N, KB], status int32 [3]).
 
     status[0] != 0: the weight has NaN/Inf; status[1] != 0: a block absmax * 2**-exponent is
-    outside the absmax format's range. The caller must check status (kbit.quantize does).
+    outside the absmax format's range; status[2] != 0: the codebook breaks the format's rules
+    (not ascending, entries < 2**-20 apart, outside [-1, 1]). Checked on the device, so the op
+    never syncs; the caller must check status (kbit.quantize does).
     """
     _check_quantize(weight, codebook, absmax_format, absmax_exponent)
     ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
     packed = torch.empty(ps, dtype=torch.int32, device=weight.device)
     absmax = torch.empty(as_, dtype=adt, device=weight.device)
-    status = torch.zeros(2, dtype=torch.int32, device=weight.device)
+    status = torch.zeros(3, dtype=torch.int32, device=weight.device)
     _quantize_ref_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
     return packed, absmax, status
 
@@ -153,7 +153,7 @@ def _(weight, codebook, absmax_format, absmax_exponent):
     ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
     packed = torch.empty(ps, dtype=torch.int32, device=weight.device)
     absmax = torch.empty(as_, dtype=adt, device=weight.device)
-    status = torch.zeros(2, dtype=torch.int32, device=weight.device)
+    status = torch.zeros(3, dtype=torch.int32, device=weight.device)
     _quantize_cuda_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
     return packed, absmax, status
 
@@ -164,7 +164,7 @@ def _(weight, codebook, absmax_format, absmax_exponent):
     return (
         weight.new_empty(ps, dtype=torch.int32),
         weight.new_empty(as_, dtype=adt),
-        weight.new_empty(2, dtype=torch.int32),
+        weight.new_empty(3, dtype=torch.int32),
     )
 
 
@@ -173,7 +173,7 @@ def _check_quantize_out(weight, codebook, absmax_format, absmax_exponent, packed
     ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
     _check_out("packed", packed, (torch.int32,), ps, weight.device)
     _check_out("absmax", absmax, (adt,), as_, weight.device)
-    _check_out("status", status, (torch.int32,), (2,), weight.device)
+    _check_out("status", status, (torch.int32,), (3,), weight.device)
 
 
 @torch.library.custom_op("kbit::quantize_out", mutates_args=("packed", "absmax", "status"))

@@ -11,6 +11,8 @@ import torch
 
 from .format import (
     ABSMAX_RANGE,
+    KbitFormatError,
+    check_codebook,
     BLOCK_SIZE,
     TILE_BLOCKS,
     decode_absmax,
@@ -52,15 +54,20 @@ def nearest_index(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
 def quantize(
     weight: torch.Tensor, codebook: torch.Tensor, absmax_format: str, absmax_exponent: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[N, K] weight -> (packed int32 [N, KB, k], absmax [N, KB], status int32 [2]).
+    """[N, K] weight -> (packed int32 [N, KB, k], absmax [N, KB], status int32 [3]).
 
     status[0] = 1 if the weight has a NaN/Inf, status[1] = 1 if a block absmax * 2**-exponent
-    falls outside the absmax format's range (those blocks hold unspecified values).
+    falls outside the absmax format's range (those blocks hold unspecified values), status[2] = 1
+    if the codebook breaks the format's rules (then every index is unspecified).
     """
     k = codebook.numel().bit_length() - 1
     N, K = weight.shape
     kb = num_blocks(K)
-    status = torch.zeros(2, dtype=torch.int32, device=weight.device)
+    status = torch.zeros(3, dtype=torch.int32, device=weight.device)
+    try:
+        check_codebook(codebook, k)
+    except KbitFormatError:
+        status[2] = 1
     w = weight.to(torch.float32)
     if not torch.isfinite(w).all():
         status[0] = 1

@@ -187,7 +187,7 @@ def test_opcheck(device, rng):
         (ops.quantize, (w, cb, "e4m4", 0)),
         (ops.quantize_out, (w, cb, "fp16", 0, torch.empty(9, 4, 3, dtype=torch.int32, device=device),
                             torch.empty(9, 4, dtype=torch.float16, device=device),
-                            torch.zeros(2, dtype=torch.int32, device=device))),
+                            torch.zeros(3, dtype=torch.int32, device=device))),
         (ops.dequantize, (q.packed, q.absmax, q.codebook, n, kdim, "flat", 0, torch.bfloat16)),
         (ops.dequantize, (t.packed, t.absmax, t.codebook, n, kdim, "tiled64", 2, torch.float16)),
         (ops.dequantize_out, (t.packed, t.absmax, t.codebook, n, kdim, "tiled64", 0,
@@ -231,3 +231,13 @@ def test_decision_boundaries_user_codebook(device, k, rng):
         w = w.to(device)
         q = kbit.quantize(w, k=k, codebook=cb)
         _check_against_independent(w, q, "e4m4")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_op_reports_bad_codebook_in_status(device):
+    w = torch.randn(4, 64, device=device)
+    good = nf_codebook(3).to(device)
+    for bad in (good.flip(0), good * 1.5, torch.cat([good[:4], good[3:4] + 2.0**-22, good[5:]])):
+        status = ops.quantize(w, bad.contiguous(), "e4m4", 0)[2]
+        assert status.tolist()[2] == 1
+    assert ops.quantize(w, good, "e4m4", 0)[2].tolist() == [0, 0, 0]

@@ -85,7 +85,7 @@ def run_ops(ks: list[int], shapes: dict, repeats: int) -> dict:
             qcopies = copies_for_cold(q_in + q_out)
             wins = [w_half.clone() for _ in range(qcopies)]
             qouts = [(torch.empty_like(flat.packed), torch.empty_like(flat.absmax)) for _ in range(qcopies)]
-            status = torch.zeros(2, dtype=torch.int32, device="cuda")
+            status = torch.zeros(3, dtype=torch.int32, device="cuda")
 
             def qz(i):
                 ops.quantize_out(wins[i], cb, "e4m4", 0, qouts[i][0], qouts[i][1], status)
