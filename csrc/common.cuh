@@ -75,4 +75,34 @@ struct DeviceGuard {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// n / d and n % d for a fixed d >= 1 and n < 2^32 with a multiply-high instead of a division
+// (an integer division is ~20 instructions; the persistent kernels do one per work item).
+struct FastDivmod {
+  uint32_t d, magic, shift;
+  explicit FastDivmod(uint32_t divisor) : d(divisor) {
+    shift = 0;
+    while ((uint64_t(1) << shift) < divisor) shift++;
+    magic = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - divisor)) / divisor + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return uint32_t((uint64_t(__umulhi(n, magic)) + n) >> shift);
+  }
+};
+
+// Persistent grid size for `kernel`: as many CTAs as fit on the current device at once
+// (occupancy, computed once per kernel), at most `ctas_needed`.
+template <typename Kernel>
+inline unsigned persistent_grid(Kernel kernel, int threads, int64_t ctas_needed) {
+  static const int per_sm = [&] {
+    int blocks = 1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
+    return blocks > 0 ? blocks : 1;
+  }();
+  int device = 0, sms = 1;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t cap = int64_t(sms) * per_sm;
+  return unsigned(ctas_needed < cap ? (ctas_needed > 0 ? ctas_needed : 1) : cap);
+}
+
 }  // namespace kbit

@@ -2,7 +2,10 @@
 //
 // Thread mapping: a thread writes 8 consecutive output values of a row (a 16-byte store for
 // fp16/bf16) for 4 groups 256 groups apart, loading all 4 groups' words before computing;
-// each warp store instruction writes 512 contiguous bytes. grid.y walks the rows. The 4 threads of a
+// each warp store instruction writes 512 contiguous bytes. The grid is persistent (as many CTAs
+// as fit at once, striding over the flattened group index): with one short-lived CTA per row, the chained
+// latencies of each CTA (codebook load, barrier, word loads) capped the big-matrix rate at
+// ~50% of the streaming rate (NOTES.md). The 4 threads of a
 // block read the same k plane words (one sector, merged by L1) and the absmax byte; the
 // codebook sits in shared memory (<= 32 floats in 32 banks: lookups never conflict).
 // value = codebook[idx] * (absmax * 2^exponent), in float32, rounded once to the output type,
@@ -19,33 +22,38 @@ template <typename T, int K_BITS, bool VEC>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int32_t* __restrict__ packed, const void* __restrict__ absmax, int absmax_format,
     const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KB, int layout,
-    float shift_up, T* __restrict__ out) {
+    float shift_up, FastDivmod groups_per_row, uint32_t total_groups, T* __restrict__ out) {
   __shared__ float cb[1 << K_BITS];
   if (threadIdx.x < (1 << K_BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
   __syncthreads();
 
-  // grid.x walks a row's 8-value groups, grid.y (strided) the rows: no 64-bit divisions.
-  const int64_t g0 = int64_t(blockIdx.x) * kThreads * kGroupsPerThread + threadIdx.x;
-  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+  // Persistent: each CTA strides over chunks of kThreads * kGroupsPerThread consecutive
+  // groups of the flattened [N, KB * 4] group index.
+  constexpr uint32_t chunk = kThreads * kGroupsPerThread;
+  for (uint32_t base = blockIdx.x * chunk; base < total_groups; base += gridDim.x * chunk) {
     uint32_t bytes[kGroupsPerThread][K_BITS];
     float scale[kGroupsPerThread];
+    int64_t dst_offset[kGroupsPerThread];
 #pragma unroll
     for (int i = 0; i < kGroupsPerThread; i++) {
-      const int64_t g = g0 + i * kThreads;
-      const int64_t kb = g >> 2;
-      const int q = int(g & 3);
-      if (g * 8 < K) {
-        const int64_t bi = block_index(layout, n, kb, N, KB);
+      const uint32_t item = base + i * kThreads + threadIdx.x;
+      const uint32_t n = groups_per_row.div(item);
+      const uint32_t g = item - n * groups_per_row.d;
+      const int64_t col0 = int64_t(g) * 8;
+      dst_offset[i] = -1;
+      if (item < total_groups && col0 < K) {  // skip the padding of a partial last block
+        const int64_t bi = block_index(layout, n, g >> 2, N, KB);
         scale[i] = load_absmax(absmax, absmax_format, bi) * shift_up;
         const int32_t* src = packed + bi * K_BITS;
+        const int q = g & 3;
 #pragma unroll
         for (int b = 0; b < K_BITS; b++) bytes[i][b] = (uint32_t(__ldg(src + b)) >> (8 * q)) & 0xffu;
+        dst_offset[i] = int64_t(n) * K + col0;
       }
     }
 #pragma unroll
     for (int i = 0; i < kGroupsPerThread; i++) {
-      const int64_t col0 = (g0 + i * kThreads) * 8;
-      if (col0 >= K) continue;  // beyond the row (or the padding of a partial last block)
+      if (dst_offset[i] < 0) continue;
       T vals[8];
 #pragma unroll
       for (int j = 0; j < 8; j++) {
@@ -54,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
         for (int b = 0; b < K_BITS; b++) idx |= ((bytes[i][b] >> j) & 1u) << b;
         vals[j] = from_float<T>(cb[idx] * scale[i]);
       }
-      T* dst = out + n * K + col0;
+      T* dst = out + dst_offset[i];
       if (VEC) {
         if constexpr (sizeof(T) == 2) {
           *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
@@ -63,6 +71,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
           reinterpret_cast<float4*>(dst)[1] = *reinterpret_cast<const float4*>(vals + 4);
         }
       } else {
+        const int64_t col0 = dst_offset[i] % K;
 #pragma unroll
         for (int j = 0; j < 8; j++)
           if (col0 + j < K) dst[j] = vals[j];
@@ -76,18 +85,20 @@ cudaError_t launch_typed(cudaStream_t stream, const int32_t* packed, const void*
                          const float* codebook, int64_t N, int64_t K, int layout, int exponent,
                          void* out) {
   const int64_t KB = ceil_div(K, kBlock);
-  const dim3 grid(unsigned(ceil_div(KB * 4, kThreads * kGroupsPerThread)),
-                  unsigned(N < 65535 ? N : 65535));
+  const int64_t total = N * KB * 4;
+  if (total >= (int64_t(1) << 32) - kThreads * kGroupsPerThread) return cudaErrorInvalidValue;
+  const int64_t ctas = ceil_div(total, kThreads * kGroupsPerThread);
   const float shift_up = ldexpf(1.f, exponent);
+  const FastDivmod groups_per_row(uint32_t(KB * 4));
   T* o = static_cast<T*>(out);
   // Vector stores need every 8-value group inside the row and 16-byte aligned rows.
   const bool vec = K % 8 == 0 && (reinterpret_cast<uintptr_t>(out) % 16) == 0;
   if (vec)
-    dequantize_kernel<T, K_BITS, true><<<grid, kThreads, 0, stream>>>(
-        packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, o);
+    dequantize_kernel<T, K_BITS, true><<<persistent_grid(dequantize_kernel<T, K_BITS, true>, kThreads, ctas), kThreads, 0, stream>>>(
+        packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, groups_per_row, uint32_t(total), o);
   else
-    dequantize_kernel<T, K_BITS, false><<<grid, kThreads, 0, stream>>>(
-        packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, o);
+    dequantize_kernel<T, K_BITS, false><<<persistent_grid(dequantize_kernel<T, K_BITS, false>, kThreads, ctas), kThreads, 0, stream>>>(
+        packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, groups_per_row, uint32_t(total), o);
   return cudaGetLastError();
 }
 

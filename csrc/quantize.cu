@@ -57,7 +57,8 @@ template <typename T, int K_BITS, bool VEC>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(
     const T* __restrict__ weight, int64_t N, int64_t K, int64_t ld, int64_t KB,
     const float* __restrict__ codebook, int absmax_format, float shift_down, float shift_up,
-    int32_t* __restrict__ packed, void* __restrict__ absmax, int32_t* __restrict__ status) {
+    int32_t* __restrict__ packed, void* __restrict__ absmax, int32_t* __restrict__ status,
+    FastDivmod blocks_per_row, uint32_t total_blocks) {
   constexpr int n_entries = 1 << K_BITS;
   __shared__ float thresholds[n_entries];  // thresholds[j - 1] separates entries j - 1 and j
   if (threadIdx.x + 1 < n_entries) {
@@ -70,19 +71,22 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
   }
   __syncthreads();
 
-  // grid.x: 64 blocks of a row per CTA (4 threads each); grid.y (strided): rows.
+  // Persistent: each CTA strides over chunks of 64 consecutive blocks of the flattened
+  // [N, KB] block index (4 threads per block), so the threshold prologue runs once per CTA.
   const int q = threadIdx.x & 3;
-  const int64_t kb = int64_t(blockIdx.x) * (kThreads / 4) + (threadIdx.x >> 2);
-  // Threads past the row's end run along with zeros: they take part in the shuffles only.
-  const bool in_row = kb < KB;
-  const int64_t col0 = kb * kBlock + q * 8;
-
-  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+  constexpr uint32_t chunk = kThreads / 4;
+  for (uint32_t base = blockIdx.x * chunk; base < total_blocks; base += gridDim.x * chunk) {
+    const uint32_t blk32 = base + (threadIdx.x >> 2);
+    // Threads past the end run along with zeros: they take part in the shuffles only.
+    const bool in_row = blk32 < total_blocks;
+    const uint32_t n = blocks_per_row.div(blk32);
+    const int64_t kb = blk32 - n * blocks_per_row.d;
+    const int64_t col0 = kb * kBlock + q * 8;
     float w[8];
     if (VEC && in_row) {
       // 8 values = 16 bytes (fp16/bf16) or 32 bytes (fp32); K % 32 == 0 and alignment are
       // checked by the launcher.
-      const T* src = weight + n * ld + col0;
+      const T* src = weight + int64_t(n) * ld + col0;
       if constexpr (sizeof(T) == 2) {
         uint4 v = *reinterpret_cast<const uint4*>(src);
         const T* h = reinterpret_cast<const T*>(&v);
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     } else {
 #pragma unroll
       for (int j = 0; j < 8; j++)
-        w[j] = (in_row && col0 + j < K) ? to_float(weight[n * ld + col0 + j]) : 0.f;
+        w[j] = (in_row && col0 + j < K) ? to_float(weight[int64_t(n) * ld + col0 + j]) : 0.f;
     }
 
     float amax = 0.f;
@@ -115,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     if (in_row && q == 0 && !in_range && finite) atomicOr(&status[1], 1);
     if (!in_range) shifted = 0.f;
 
-    const int64_t blk = n * KB + kb;
+    const int64_t blk = blk32;
     float stored;
     if (absmax_format == KBIT_ABSMAX_E4M4) {
       uint32_t code = e4m4_encode(shifted);
@@ -167,16 +171,21 @@ cudaError_t launch_typed(cudaStream_t stream, const void* weight, int64_t N, int
                          const float* codebook, int absmax_format, int absmax_exponent,
                          int32_t* packed, void* absmax, int32_t* status) {
   const int64_t KB = ceil_div(K, kBlock);
-  const dim3 grid(unsigned(ceil_div(KB, kThreads / 4)), unsigned(N < 65535 ? N : 65535));
+  const int64_t total = N * KB;
+  if (total >= (int64_t(1) << 32) - kThreads) return cudaErrorInvalidValue;
+  const int64_t ctas = ceil_div(total, kThreads / 4);
+  const FastDivmod blocks_per_row{uint32_t(KB)};
   const float shift_down = ldexpf(1.f, -absmax_exponent), shift_up = ldexpf(1.f, absmax_exponent);
   const T* w = static_cast<const T*>(weight);
   const bool vec = K % kBlock == 0 && ld % 8 == 0 && (reinterpret_cast<uintptr_t>(weight) % 16) == 0;
   if (vec)
-    quantize_kernel<T, K_BITS, true><<<grid, kThreads, 0, stream>>>(
-        w, N, K, ld, KB, codebook, absmax_format, shift_down, shift_up, packed, absmax, status);
+    quantize_kernel<T, K_BITS, true><<<persistent_grid(quantize_kernel<T, K_BITS, true>, kThreads, ctas), kThreads, 0, stream>>>(
+        w, N, K, ld, KB, codebook, absmax_format, shift_down, shift_up, packed, absmax, status,
+        blocks_per_row, uint32_t(total));
   else
-    quantize_kernel<T, K_BITS, false><<<grid, kThreads, 0, stream>>>(
-        w, N, K, ld, KB, codebook, absmax_format, shift_down, shift_up, packed, absmax, status);
+    quantize_kernel<T, K_BITS, false><<<persistent_grid(quantize_kernel<T, K_BITS, false>, kThreads, ctas), kThreads, 0, stream>>>(
+        w, N, K, ld, KB, codebook, absmax_format, shift_down, shift_up, packed, absmax, status,
+        blocks_per_row, uint32_t(total));
   return cudaGetLastError();
 }
 

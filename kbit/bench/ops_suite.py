@@ -38,6 +38,11 @@ def reference_rates(repeats: int) -> dict:
     dst = [torch.empty_like(s) for s in src]
     us = graph_time_us(lambda i: dst[i].copy_(src[i]), 2, calls=4, repeats=repeats)
     copy = {"us": us, "gbps": 2 * n * 2 / us / 1e3}
+    # the same bytes through an SM kernel (torch.copy_ of one buffer may use a copy engine)
+    us = graph_time_us(lambda i: torch.mul(src[i], 1.0, out=dst[i]), 2, calls=4, repeats=repeats)
+    elementwise = {"us": us, "gbps": 2 * n * 2 / us / 1e3}
+    us = graph_time_us(lambda i: dst[i].fill_(1.0), 2, calls=4, repeats=repeats)
+    fill = {"us": us, "gbps": n * 2 / us / 1e3}
     del src, dst
     K, N = 8192, 28672
     w = [torch.randn(N, K, dtype=torch.float16, device="cuda") for _ in range(2)]
@@ -47,7 +52,8 @@ def reference_rates(repeats: int) -> dict:
     gemv = {"us": us, "gbps": (N * K * 2 + K * 2 + N * 2) / us / 1e3}
     del w
     torch.cuda.empty_cache()
-    return {"copy_1GiB": copy, "fp16_gemv_8192x28672": gemv}
+    return {"copy_1GiB": copy, "elementwise_1GiB": elementwise, "fill_1GiB": fill,
+            "fp16_gemv_8192x28672": gemv}
 
 
 def run_ops(ks: list[int], shapes: dict, repeats: int) -> dict:
@@ -58,7 +64,9 @@ def run_ops(ks: list[int], shapes: dict, repeats: int) -> dict:
     _progress("reference rates")
     rates = reference_rates(repeats)
     stream_rate = rates["fp16_gemv_8192x28672"]["gbps"]
-    print(f"copy 1 GiB (read+write): {rates['copy_1GiB']['us']:.1f} us, {rates['copy_1GiB']['gbps']:.0f} GB/s")
+    for key, label in (("copy_1GiB", "copy_ 1 GiB (read+write)"), ("elementwise_1GiB", "x*1 -> y 1 GiB (read+write)"),
+                       ("fill_1GiB", "fill_ 1 GiB (write only)")):
+        print(f"{label}: {rates[key]['us']:.1f} us, {rates[key]['gbps']:.0f} GB/s")
     print(f"fp16 GEMV 8192x28672 (M=1, cuBLAS): {rates['fp16_gemv_8192x28672']['us']:.1f} us, "
           f"{stream_rate:.0f} GB/s  <- streaming rate (100%)")
     rows = []
