@@ -89,15 +89,17 @@ struct FastDivmod {
   }
 };
 
-// Persistent grid size for `kernel`: as many CTAs as fit on the current device at once
-// (occupancy, computed once per kernel), at most `ctas_needed`.
+// CTAs of `kernel` (with `threads` threads, no dynamic shared memory) that fit on one SM.
 template <typename Kernel>
-inline unsigned persistent_grid(Kernel kernel, int threads, int64_t ctas_needed) {
-  static const int per_sm = [&] {
-    int blocks = 1;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
-    return blocks > 0 ? blocks : 1;
-  }();
+inline int ctas_per_sm(Kernel kernel, int threads) {
+  int blocks = 1;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, 0);
+  return blocks > 0 ? blocks : 1;
+}
+
+// Persistent grid: one wave of `per_sm` CTAs on every SM of the current device, at most
+// `ctas_needed` (and at least 1).
+inline unsigned persistent_grid(int per_sm, int64_t ctas_needed) {
   int device = 0, sms = 1;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

@@ -23,9 +23,21 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int32_t* __restrict__ packed, const void* __restrict__ absmax, int absmax_format,
     const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KB, int layout,
     float shift_up, FastDivmod groups_per_row, uint32_t total_groups, T* __restrict__ out) {
+  // cb: the codebook. spread[v] for a 4-bit v holds bit j of v at bit 8j + 2: OR-ing
+  // spread[nibble of plane b] << b over the planes gives, in byte j, 4 * (index of element j),
+  // the byte offset of its codebook entry. Two shared loads per plane replace 4 bit
+  // extractions per plane and element (the dequantizer was issue-bound on them).
   __shared__ float cb[1 << K_BITS];
+  __shared__ uint32_t spread[16];
   if (threadIdx.x < (1 << K_BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
+  if (threadIdx.x < 16) {
+    uint32_t v = threadIdx.x, s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) s |= ((v >> j) & 1u) << (8 * j + 2);
+    spread[threadIdx.x] = s;
+  }
   __syncthreads();
+  const char* cb_bytes = reinterpret_cast<const char*>(cb);
 
   // Persistent: each CTA strides over chunks of kThreads * kGroupsPerThread consecutive
   // groups of the flattened [N, KB * 4] group index.
@@ -47,20 +59,25 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
         const int32_t* src = packed + bi * K_BITS;
         const int q = g & 3;
 #pragma unroll
-        for (int b = 0; b < K_BITS; b++) bytes[i][b] = (uint32_t(__ldg(src + b)) >> (8 * q)) & 0xffu;
+        for (int b = 0; b < K_BITS; b++) bytes[i][b] = uint32_t(__ldg(src + b)) >> (8 * q);
         dst_offset[i] = int64_t(n) * K + col0;
       }
     }
 #pragma unroll
     for (int i = 0; i < kGroupsPerThread; i++) {
       if (dst_offset[i] < 0) continue;
+      uint32_t offs_lo = 0, offs_hi = 0;  // byte j: 4 * index of element j (lo) / j + 4 (hi)
+#pragma unroll
+      for (int b = 0; b < K_BITS; b++) {
+        offs_lo |= spread[bytes[i][b] & 15u] << b;
+        offs_hi |= spread[(bytes[i][b] >> 4) & 15u] << b;
+      }
       T vals[8];
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
-        uint32_t idx = 0;
-#pragma unroll
-        for (int b = 0; b < K_BITS; b++) idx |= ((bytes[i][b] >> j) & 1u) << b;
-        vals[j] = from_float<T>(cb[idx] * scale[i]);
+      for (int j = 0; j < 4; j++) {
+        const uint32_t lo = __byte_perm(offs_lo, 0, 0x4440 + j), hi = __byte_perm(offs_hi, 0, 0x4440 + j);
+        vals[j] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + lo) * scale[i]);
+        vals[j + 4] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + hi) * scale[i]);
       }
       T* dst = out + dst_offset[i];
       if (VEC) {
@@ -93,11 +110,14 @@ cudaError_t launch_typed(cudaStream_t stream, const int32_t* packed, const void*
   T* o = static_cast<T*>(out);
   // Vector stores need every 8-value group inside the row and 16-byte aligned rows.
   const bool vec = K % 8 == 0 && (reinterpret_cast<uintptr_t>(out) % 16) == 0;
+  // occupancy of each instantiation, computed once (a static per template instance)
+  static const int occupancy_true = ctas_per_sm(dequantize_kernel<T, K_BITS, true>, kThreads);
+  static const int occupancy_false = ctas_per_sm(dequantize_kernel<T, K_BITS, false>, kThreads);
   if (vec)
-    dequantize_kernel<T, K_BITS, true><<<persistent_grid(dequantize_kernel<T, K_BITS, true>, kThreads, ctas), kThreads, 0, stream>>>(
+    dequantize_kernel<T, K_BITS, true><<<persistent_grid(occupancy_true, ctas), kThreads, 0, stream>>>(
         packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, groups_per_row, uint32_t(total), o);
   else
-    dequantize_kernel<T, K_BITS, false><<<persistent_grid(dequantize_kernel<T, K_BITS, false>, kThreads, ctas), kThreads, 0, stream>>>(
+    dequantize_kernel<T, K_BITS, false><<<persistent_grid(occupancy_false, ctas), kThreads, 0, stream>>>(
         packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, groups_per_row, uint32_t(total), o);
   return cudaGetLastError();
 }

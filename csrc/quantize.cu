@@ -178,12 +178,15 @@ cudaError_t launch_typed(cudaStream_t stream, const void* weight, int64_t N, int
   const float shift_down = ldexpf(1.f, -absmax_exponent), shift_up = ldexpf(1.f, absmax_exponent);
   const T* w = static_cast<const T*>(weight);
   const bool vec = K % kBlock == 0 && ld % 8 == 0 && (reinterpret_cast<uintptr_t>(weight) % 16) == 0;
+  // occupancy of each instantiation, computed once (a static per template instance)
+  static const int occupancy_true = ctas_per_sm(quantize_kernel<T, K_BITS, true>, kThreads);
+  static const int occupancy_false = ctas_per_sm(quantize_kernel<T, K_BITS, false>, kThreads);
   if (vec)
-    quantize_kernel<T, K_BITS, true><<<persistent_grid(quantize_kernel<T, K_BITS, true>, kThreads, ctas), kThreads, 0, stream>>>(
+    quantize_kernel<T, K_BITS, true><<<persistent_grid(occupancy_true, ctas), kThreads, 0, stream>>>(
         w, N, K, ld, KB, codebook, absmax_format, shift_down, shift_up, packed, absmax, status,
         blocks_per_row, uint32_t(total));
   else
-    quantize_kernel<T, K_BITS, false><<<persistent_grid(quantize_kernel<T, K_BITS, false>, kThreads, ctas), kThreads, 0, stream>>>(
+    quantize_kernel<T, K_BITS, false><<<persistent_grid(occupancy_false, ctas), kThreads, 0, stream>>>(
         w, N, K, ld, KB, codebook, absmax_format, shift_down, shift_up, packed, absmax, status,
         blocks_per_row, uint32_t(total));
   return cudaGetLastError();
