@@ -18,25 +18,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kGroupsPerThread = 4;  // independent 8-value groups per thread: loads in flight
 
-// The k plane words of one block, loaded with the widest aligned vector load: blocks start at
-// multiples of k words, so k = 4 is one 16-byte load and k = 2 one 8-byte load.
-template <int K_BITS>
-struct Words {
-  uint32_t w[K_BITS];
-  __device__ __forceinline__ void load(const int32_t* src) {
-    if constexpr (K_BITS == 4) {
-      const int4 v = __ldg(reinterpret_cast<const int4*>(src));
-      w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-    } else if constexpr (K_BITS == 2) {
-      const int2 v = __ldg(reinterpret_cast<const int2*>(src));
-      w[0] = v.x; w[1] = v.y;
-    } else {
-#pragma unroll
-      for (int b = 0; b < K_BITS; b++) w[b] = uint32_t(__ldg(src + b));
-    }
-  }
-};
-
 template <typename T, int K_BITS, bool VEC>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int32_t* __restrict__ packed, const void* __restrict__ absmax, int absmax_format,
@@ -59,57 +40,46 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
 
   // Persistent: each CTA strides over chunks of kThreads * kGroupsPerThread consecutive
-  // groups of the flattened [N, KB * 4] group index. The plane words of the next chunk are
-  // loaded (into registers) before the current chunk is decoded, so the global-load latency
-  // overlaps the decode instead of stalling it.
+  // groups of the flattened [N, KB * 4] group index.
   constexpr uint32_t chunk = kThreads * kGroupsPerThread;
-  const uint32_t stride = gridDim.x * chunk;
-  Words<K_BITS> words[kGroupsPerThread];
-  float scale[kGroupsPerThread];
-  auto load = [&](uint32_t base) {
-#pragma unroll
-    for (int i = 0; i < kGroupsPerThread; i++) {
-      const uint32_t item = base + i * kThreads + threadIdx.x;
-      const uint32_t n = groups_per_row.div(item);
-      const uint32_t g = item - n * groups_per_row.d;
-      if (item < total_groups && int64_t(g) * 8 < K) {
-        const int64_t bi = block_index(layout, n, g >> 2, N, KB);
-        scale[i] = load_absmax(absmax, absmax_format, bi) * shift_up;
-        words[i].load(packed + bi * K_BITS);
-      }
-    }
-  };
-  uint32_t base = blockIdx.x * chunk;
-  if (base < total_groups) load(base);
-  for (; base < total_groups; base += stride) {
-    Words<K_BITS> cur[kGroupsPerThread];
-    float cur_scale[kGroupsPerThread];
-#pragma unroll
-    for (int i = 0; i < kGroupsPerThread; i++) cur[i] = words[i], cur_scale[i] = scale[i];
-    if (base + stride < total_groups) load(base + stride);
+  for (uint32_t base = blockIdx.x * chunk; base < total_groups; base += gridDim.x * chunk) {
+    uint32_t bytes[kGroupsPerThread][K_BITS];
+    float scale[kGroupsPerThread];
+    int64_t dst_offset[kGroupsPerThread];
 #pragma unroll
     for (int i = 0; i < kGroupsPerThread; i++) {
       const uint32_t item = base + i * kThreads + threadIdx.x;
       const uint32_t n = groups_per_row.div(item);
       const uint32_t g = item - n * groups_per_row.d;
       const int64_t col0 = int64_t(g) * 8;
-      if (item >= total_groups || col0 >= K) continue;  // past the end / block padding
-      const int shift = 8 * (g & 3);
+      dst_offset[i] = -1;
+      if (item < total_groups && col0 < K) {  // skip the padding of a partial last block
+        const int64_t bi = block_index(layout, n, g >> 2, N, KB);
+        scale[i] = load_absmax(absmax, absmax_format, bi) * shift_up;
+        const int32_t* src = packed + bi * K_BITS;
+        const int q = g & 3;
+#pragma unroll
+        for (int b = 0; b < K_BITS; b++) bytes[i][b] = uint32_t(__ldg(src + b)) >> (8 * q);
+        dst_offset[i] = int64_t(n) * K + col0;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kGroupsPerThread; i++) {
+      if (dst_offset[i] < 0) continue;
       uint32_t offs_lo = 0, offs_hi = 0;  // byte j: 4 * index of element j (lo) / j + 4 (hi)
 #pragma unroll
       for (int b = 0; b < K_BITS; b++) {
-        const uint32_t byte = cur[i].w[b] >> shift;
-        offs_lo |= spread[byte & 15u] << b;
-        offs_hi |= spread[(byte >> 4) & 15u] << b;
+        offs_lo |= spread[bytes[i][b] & 15u] << b;
+        offs_hi |= spread[(bytes[i][b] >> 4) & 15u] << b;
       }
       T vals[8];
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const uint32_t lo = __byte_perm(offs_lo, 0, 0x4440 + j), hi = __byte_perm(offs_hi, 0, 0x4440 + j);
-        vals[j] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + lo) * cur_scale[i]);
-        vals[j + 4] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + hi) * cur_scale[i]);
+        vals[j] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + lo) * scale[i]);
+        vals[j + 4] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + hi) * scale[i]);
       }
-      T* dst = out + int64_t(n) * K + col0;
+      T* dst = out + dst_offset[i];
       if (VEC) {
         if constexpr (sizeof(T) == 2) {
           *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
@@ -118,6 +88,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
           reinterpret_cast<float4*>(dst)[1] = *reinterpret_cast<const float4*>(vals + 4);
         }
       } else {
+        const int64_t col0 = dst_offset[i] % K;
 #pragma unroll
         for (int j = 0; j < 8; j++)
           if (col0 + j < K) dst[j] = vals[j];
