@@ -1,7 +1,7 @@
 // dequantize: bit-planes + absmax (flat or tiled64 layout) -> out [N, K] in fp32/fp16/bf16.
 //
 // Thread mapping: a thread writes 8 consecutive output values of a row (a 16-byte store for
-// fp16/bf16) for 4 groups 256 groups apart, loading all 4 groups' words before computing;
+// fp16/bf16) for 2 groups 256 groups apart, loading both groups' words before computing;
 // each warp store instruction writes 512 contiguous bytes. The grid is persistent (as many CTAs
 // as fit at once, striding over the flattened group index): with one short-lived CTA per row, the chained
 // latencies of each CTA (codebook load, barrier, word loads) capped the big-matrix rate at
@@ -16,9 +16,29 @@ namespace kbit {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kGroupsPerThread = 4;  // independent 8-value groups per thread: loads in flight
+// Independent 8-value groups per thread. Measured on H200 (8192x28672, k = 4, cold): 4 groups
+// (48 registers, 5 CTAs/SM) 249 us; 2 groups (38 registers) 200 us; 4 groups with the next
+// chunk prefetched (64 registers) 305 us: the kernel is latency-bound and more resident warps
+// beat more loads per warp. NOTES.md has the series.
+constexpr int kGroupsPerThread = 2;
 
-template <typename T, int K_BITS, bool VEC>
+// The k plane words of one block, loaded with the widest aligned vector load: blocks start at
+// multiples of k words, so k = 4 is one 16-byte load and k = 2 one 8-byte load.
+template <int K_BITS>
+__device__ __forceinline__ void load_words(uint32_t (&w)[K_BITS], const int32_t* src) {
+  if constexpr (K_BITS == 4) {
+    const int4 v = __ldg(reinterpret_cast<const int4*>(src));
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  } else if constexpr (K_BITS == 2) {
+    const int2 v = __ldg(reinterpret_cast<const int2*>(src));
+    w[0] = v.x; w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int b = 0; b < K_BITS; b++) w[b] = uint32_t(__ldg(src + b));
+  }
+}
+
+template <typename T, int K_BITS, bool VEC, int kGroupsPerThread>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int32_t* __restrict__ packed, const void* __restrict__ absmax, int absmax_format,
     const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KB, int layout,
@@ -58,8 +78,9 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
         scale[i] = load_absmax(absmax, absmax_format, bi) * shift_up;
         const int32_t* src = packed + bi * K_BITS;
         const int q = g & 3;
+        load_words<K_BITS>(bytes[i], src);
 #pragma unroll
-        for (int b = 0; b < K_BITS; b++) bytes[i][b] = uint32_t(__ldg(src + b)) >> (8 * q);
+        for (int b = 0; b < K_BITS; b++) bytes[i][b] >>= 8 * q;
         dst_offset[i] = int64_t(n) * K + col0;
       }
     }
@@ -101,23 +122,24 @@ template <typename T, int K_BITS>
 cudaError_t launch_typed(cudaStream_t stream, const int32_t* packed, const void* absmax, int fmt,
                          const float* codebook, int64_t N, int64_t K, int layout, int exponent,
                          void* out) {
+  constexpr int G = kGroupsPerThread;
   const int64_t KB = ceil_div(K, kBlock);
   const int64_t total = N * KB * 4;
-  if (total >= (int64_t(1) << 32) - kThreads * kGroupsPerThread) return cudaErrorInvalidValue;
-  const int64_t ctas = ceil_div(total, kThreads * kGroupsPerThread);
+  if (total >= (int64_t(1) << 32) - kThreads * G) return cudaErrorInvalidValue;
+  const int64_t ctas = ceil_div(total, kThreads * G);
   const float shift_up = ldexpf(1.f, exponent);
   const FastDivmod groups_per_row(uint32_t(KB * 4));
   T* o = static_cast<T*>(out);
   // Vector stores need every 8-value group inside the row and 16-byte aligned rows.
   const bool vec = K % 8 == 0 && (reinterpret_cast<uintptr_t>(out) % 16) == 0;
   // occupancy of each instantiation, computed once (a static per template instance)
-  static const int occupancy_true = ctas_per_sm(dequantize_kernel<T, K_BITS, true>, kThreads);
-  static const int occupancy_false = ctas_per_sm(dequantize_kernel<T, K_BITS, false>, kThreads);
+  static const int occupancy_true = ctas_per_sm(dequantize_kernel<T, K_BITS, true, G>, kThreads);
+  static const int occupancy_false = ctas_per_sm(dequantize_kernel<T, K_BITS, false, G>, kThreads);
   if (vec)
-    dequantize_kernel<T, K_BITS, true><<<persistent_grid(occupancy_true, ctas), kThreads, 0, stream>>>(
+    dequantize_kernel<T, K_BITS, true, G><<<persistent_grid(occupancy_true, ctas), kThreads, 0, stream>>>(
         packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, groups_per_row, uint32_t(total), o);
   else
-    dequantize_kernel<T, K_BITS, false><<<persistent_grid(occupancy_false, ctas), kThreads, 0, stream>>>(
+    dequantize_kernel<T, K_BITS, false, G><<<persistent_grid(occupancy_false, ctas), kThreads, 0, stream>>>(
         packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, groups_per_row, uint32_t(total), o);
   return cudaGetLastError();
 }

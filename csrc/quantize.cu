@@ -150,8 +150,10 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
       for (int s = n_entries / 2; s >= 1; s /= 2)
         if (thresholds[idx + s - 1] <= x) idx += s;
 #pragma unroll
-      for (int b = 0; b < K_BITS; b++) planes[b] |= ((idx >> b) & 1u) << (q * 8 + j);
+      for (int b = 0; b < K_BITS; b++) planes[b] |= ((idx >> b) & 1u) << j;  // constant shifts
     }
+#pragma unroll
+    for (int b = 0; b < K_BITS; b++) planes[b] <<= 8 * q;  // this lane's byte of each plane
 #pragma unroll
     for (int b = 0; b < K_BITS; b++) {
       planes[b] |= __shfl_xor_sync(0xffffffffu, planes[b], 1);
