@@ -6,7 +6,6 @@ import torch
 
 from . import ops
 from .format import (
-    ABSMAX_DTYPES,
     ABSMAX_RANGE,
     KbitFormatError,
     QuantizedWeight,
@@ -98,4 +97,4 @@ def unrepack(qweight: QuantizedWeight) -> QuantizedWeight:
                            qweight.absmax_exponent, "flat")
 
 
-__all__ = ["quantize", "dequantize", "repack", "unrepack", "ABSMAX_DTYPES"]
+__all__ = ["quantize", "dequantize", "repack", "unrepack"]

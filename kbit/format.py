@@ -111,8 +111,8 @@ def check_codebook(codebook: torch.Tensor, k: int) -> torch.Tensor:
         raise KbitFormatError("codebook values must be strictly ascending")
     if not ((cpu[1:] - cpu[:-1]) >= CODEBOOK_MIN_GAP).all():
         raise KbitFormatError(
-            f"codebook entries must be at least 2**-20 apart (float32 distances to entries closer "
-            f"than that can round equal, and the nearest-entry rule stops being a step function)"
+            "codebook entries must be at least 2**-20 apart (float32 distances to entries closer "
+            "than that can round equal, and the nearest-entry rule stops being a step function)"
         )
     return cb
 

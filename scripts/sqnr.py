@@ -23,7 +23,7 @@ def sqnr(w: torch.Tensor, k: int, fmt: str) -> float:
     return 10 * math.log10((w32.double() ** 2).sum() / ((w32.double() - d.double()) ** 2).sum())
 
 
-print(f"| k | bits/weight | Gaussian fp32 | Gaussian E4M4 | loss | Student-t(4) fp32 | Student-t(4) E4M4 | loss |")
+print("| k | bits/weight | Gaussian fp32 | Gaussian E4M4 | loss | Student-t(4) fp32 | Student-t(4) E4M4 | loss |")
 print("|---|---|---|---|---|---|---|---|")
 for k in (2, 3, 4, 5):
     gf, ge = sqnr(gauss, k, "fp32"), sqnr(gauss, k, "e4m4")

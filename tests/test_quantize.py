@@ -241,3 +241,19 @@ def test_op_reports_bad_codebook_in_status(device):
         status = ops.quantize(w, bad.contiguous(), "e4m4", 0)[2]
         assert status.tolist()[2] == 1
     assert ops.quantize(w, good, "e4m4", 0)[2].tolist() == [0, 0, 0]
+
+
+def test_matmul_references(rng):
+    """The oracles for kbit.linear / expert_linear: float64 products of the float32 weights."""
+    w = random_weight(24, 70, gen=rng)
+    x = torch.randn(5, 70, generator=rng).to(torch.bfloat16)
+    bias = torch.randn(24, generator=rng)
+    out = ref.linear(x, w, bias)
+    assert out.dtype == torch.bfloat16
+    want = (x.double() @ w.double().T + bias.double()).to(torch.bfloat16)
+    assert torch.equal(out, want)
+    ws = [random_weight(24, 70, gen=rng) for _ in range(3)]
+    offsets = torch.tensor([0, 2, 2, 5], dtype=torch.int32)  # expert 1 has no tokens
+    got = ref.expert_linear(x, ws, offsets)
+    for e, (a, b) in enumerate([(0, 2), (2, 2), (2, 5)]):
+        assert torch.equal(got[a:b], (x[a:b].double() @ ws[e].double().T).to(torch.bfloat16))
