@@ -40,6 +40,14 @@ KBIT_API int kbit_repack(int device, void* stream, const int32_t* packed_in, con
                 int absmax_bytes, int k, int64_t N, int64_t K, int layout, int to_layout,
                 int32_t* packed_out, void* absmax_out);
 
+// C[M, N] = x[M, K] @ W^T (+ bias[N]) for 1 <= M <= 4; W in the tiled64 layout; x rows ldx
+// elements apart (unit column stride), out rows ldo apart; dtype fp16 or bf16 for x, bias
+// (may be NULL) and out.
+KBIT_API int kbit_gemv(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
+                       const int32_t* packed, const void* absmax, int absmax_format,
+                       const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
+                       const void* bias, void* out, int64_t ldo);
+
 #ifdef __cplusplus
 }
 #endif

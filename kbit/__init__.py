@@ -13,10 +13,11 @@ from ._lib import status as native_status
 from .api import dequantize, quantize, repack, unrepack
 from .format import KbitFormatError, QuantizedWeight, nf_codebook
 from .io import load, save
+from .linear import linear
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "quantize", "dequantize", "repack", "unrepack", "save", "load", "QuantizedWeight",
+    "quantize", "dequantize", "linear", "repack", "unrepack", "save", "load", "QuantizedWeight",
     "KbitFormatError", "nf_codebook", "native_available", "native_status", "ops",
 ]

@@ -39,6 +39,11 @@ _SIGNATURES = {
          _c_int],
         _c_int,
     ),
+    "kbit_gemv": (
+        [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_p, _c_p, _c_int, _c_p, _c_int, _c_i64,
+         _c_i64, _c_int, _c_p, _c_p, _c_i64],
+        _c_int,
+    ),
     "kbit_repack": (
         [_c_int, _c_p, _c_p, _c_p, _c_int, _c_int, _c_i64, _c_i64, _c_int, _c_int, _c_p, _c_p],
         _c_int,

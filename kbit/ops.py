@@ -363,3 +363,69 @@ __all__ = [
     "quantize", "quantize_out", "dequantize", "dequantize_out",
     "repack", "repack_out", "unrepack", "unrepack_out", "BLOCK_SIZE",
 ]
+
+
+# ----------------------------------------------------------------------------- gemv (M <= 4)
+
+GEMV_MAX_M = 4
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_gemv(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
+    _check_tensor("x", x, ACT_DTYPES)
+    if x.dim() != 2 or x.shape[1] != kdim:
+        raise ValueError(f"x must be [M, K={kdim}], got {list(x.shape)}")
+    if x.shape[0] > GEMV_MAX_M:
+        raise ValueError(f"gemv takes M <= {GEMV_MAX_M} rows, got {x.shape[0]}")
+    _check_packed(packed, absmax, codebook, n, kdim, "tiled64")
+    if x.device != packed.device:
+        raise ValueError(f"x is on {x.device}; the weight is on {packed.device}")
+    _check_exponent(absmax_exponent)
+    if bias is not None:
+        _check_tensor("bias", bias, (x.dtype,), (n,), x.device)
+
+
+def _gemv_ref(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
+    w = ref.dequantize(packed, absmax, codebook, (n, kdim), "tiled64", absmax_exponent, torch.float32)
+    out = x.float() @ w.T
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+@torch.library.custom_op("kbit::gemv", mutates_args=())
+def gemv(
+    x: Tensor, packed: Tensor, absmax: Tensor, codebook: Tensor, n: int, kdim: int,
+    absmax_exponent: int, bias: Tensor | None = None,
+) -> Tensor:
+    """x [M <= 4, K] @ W^T (+ bias) with W (n x kdim) in the tiled64 layout."""
+    _check_gemv(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+    return _gemv_ref(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+
+
+@gemv.register_kernel("cuda")
+def _(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias=None):
+    _check_gemv(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+    lib = _lib.native(x)
+    if lib is None:
+        return _gemv_ref(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    dev, stream = _lib.stream_of(x)
+    rc = lib.kbit_gemv(
+        dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),
+        packed.data_ptr(), absmax.data_ptr(), _lib.ABSMAX_CODES[absmax_format_of(absmax)],
+        codebook.data_ptr(), codebook.numel().bit_length() - 1, n, kdim, absmax_exponent,
+        bias.data_ptr() if bias is not None else None, out.data_ptr(), n,
+    )
+    _lib.check(rc, "gemv")
+    return out
+
+
+@gemv.register_fake
+def _(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias=None):
+    return x.new_empty((x.shape[0], n))
+
+
+__all__ += ["gemv"]

@@ -14,5 +14,9 @@ for k in (2, 3, 4, 5):
                 for out in (torch.float32, torch.float16, torch.bfloat16):
                     kbit.dequantize(q, out)
                     kbit.dequantize(t, out)
+                if dtype != torch.float32:
+                    for m in (1, 2, 3, 4):
+                        kbit.linear(torch.randn(m, kdim, device="cuda").to(dtype), t,
+                                    torch.randn(n, device="cuda").to(dtype))
 torch.cuda.synchronize()
 print("sanitize_ops: done")

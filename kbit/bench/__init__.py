@@ -23,9 +23,15 @@ MODEL_SHAPES = {  # name: (K, N)
 }
 
 
+DEFAULT_M = "1,2,3,4,8,16,32,64,256,1024,4096"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", default="linear,ops", help="comma-separated suites: linear (per-M "
+                   "matmul tables, the main job), ops (dequantize/quantize rates)")
+    p.add_argument("--m", default=DEFAULT_M, help=f"M values of the linear suite (default {DEFAULT_M})")
     p.add_argument("--k", default="2,3,4,5", help="comma-separated bit widths (default 2,3,4,5)")
-    p.add_argument("--shapes", default=",".join(MODEL_SHAPES), help="comma-separated shape names")
+    p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all of the suite)")
     p.add_argument("--json", metavar="PATH", help="write all results as JSON here")
     p.add_argument("--repeats", type=int, default=15, help="graph replays per measurement")
 
@@ -41,15 +47,31 @@ def run(args) -> int:
     if not kbit.native_available():
         print(f"kbit bench needs the native CUDA library: {kbit.native_status()}", file=sys.stderr)
         return 2
+    from .linear_suite import DENSE, run_linear
     from .ops_suite import run_ops
+    from .timing import device_report
 
     ks = [int(x) for x in args.k.split(",")]
-    shapes = [s for s in args.shapes.split(",") if s]
-    unknown = [s for s in shapes if s not in MODEL_SHAPES]
-    if unknown:
-        print(f"unknown shapes {unknown}; choose from {list(MODEL_SHAPES)}", file=sys.stderr)
-        return 2
-    result = run_ops(ks, {s: MODEL_SHAPES[s] for s in shapes}, args.repeats)
+    suites = [s for s in args.suite.split(",") if s]
+    info = device_report()
+    print(f"device: {info['device']} ({info['sms']} SMs, L2 {info['l2_mb']} MB); "
+          f"torch {info['torch']}, CUDA {info['cuda']}, kbit {kbit.__version__}")
+    print(f"nvidia-smi (driver, sm clock, mem clock, max sm clock, power limit): {info['nvidia_smi']}")
+    result = {"info": info}
+    from .ops_suite import warm_up
+
+    warm_up()
+    if "linear" in suites:
+        shapes = args.shapes.split(",") if args.shapes else list(DENSE)
+        unknown = [s for s in shapes if s not in DENSE]
+        if unknown:
+            print(f"unknown shapes {unknown}; choose from {list(DENSE)}", file=sys.stderr)
+            return 2
+        result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, shapes, args.repeats)
+    if "ops" in suites:
+        shapes = args.shapes.split(",") if args.shapes else list(MODEL_SHAPES)
+        shapes = [s for s in shapes if s in MODEL_SHAPES]
+        result["ops"] = run_ops(ks, {s: MODEL_SHAPES[s] for s in shapes}, args.repeats)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

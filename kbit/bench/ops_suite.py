@@ -9,7 +9,7 @@ import torch
 import kbit
 from kbit import ops
 
-from .timing import copies_for_cold, device_report, graph_time_us
+from .timing import copies_for_cold, graph_time_us
 
 
 def _progress(msg: str) -> None:
@@ -57,10 +57,6 @@ def reference_rates(repeats: int) -> dict:
 
 
 def run_ops(ks: list[int], shapes: dict, repeats: int) -> dict:
-    info = device_report()
-    print(f"device: {info['device']} ({info['sms']} SMs, L2 {info['l2_mb']} MB); "
-          f"torch {info['torch']}, CUDA {info['cuda']}, kbit {kbit.__version__}")
-    print(f"nvidia-smi (driver, sm clock, mem clock, max sm clock, power limit): {info['nvidia_smi']}")
     _progress("reference rates")
     rates = reference_rates(repeats)
     stream_rate = rates["fp16_gemv_8192x28672"]["gbps"]
@@ -121,4 +117,4 @@ def run_ops(ks: list[int], shapes: dict, repeats: int) -> dict:
         print(f"| {r['shape']:6} | {r['N']:>5} | {r['K']:>5} | {r['k']} | {r['dequant_us']:>10.1f} | "
               f"{r['dequant_gbps']:>6.0f} | {r['dequant_pct']:>5.1f} | {r['dequant_pct_ew']:>5.1f} | {r['quant_us']:>9.1f} | "
               f"{r['quant_gbps']:>6.0f} | {r['quant_pct']:>5.1f} |")
-    return {"info": info, "rates": rates, "ops": rows}
+    return {"rates": rates, "ops": rows}

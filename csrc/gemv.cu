@@ -1,0 +1,186 @@
+// gemv: C[M, N] = A[M, K] @ W^T (+ bias) for M = 1..4, W k-bit in the tiled64 layout.
+//
+// Each weight is decoded once and used for all M rows, so the kernel streams the packed
+// weight at close to DRAM rate when its per-weight instruction count stays small.
+//
+// Thread mapping: a warp covers 8 consecutive output columns n (lane >> 2) and 4 k-tile
+// phases (lane & 3); in tiled64 the 2 * k words of (kt, n) are contiguous and consecutive n
+// follow, so each warp load reads 4 runs of 8 * 2k words: whole sectors for every k. The 4
+// warps of a CTA split K further (kt = warp * 4 + phase, stride 16), and a shared-memory
+// reduction joins them. Per 32-value block the kernel sums x * codebook[idx] in float32 and
+// multiplies by the block scale once. Indices come from the same 16-entry spread table as
+// dequantize (byte offsets of codebook entries, two shared loads per plane per 8 values).
+// Activations are read straight from global memory (L1-resident: every CTA reads all of A).
+#include "common.cuh"
+
+namespace kbit {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = 8;      // output columns per warp (and per CTA)
+constexpr int kPhases = 4;           // lanes along K per column
+constexpr int kTileStride = kWarps * kPhases;
+
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, bool vec, int64_t col, int64_t K, float (&v)[8]) {
+  if (vec && col + 8 <= K) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = to_float(h[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = col + j < K ? to_float(p[j]) : 0.f;
+  }
+}
+
+template <typename T, int K_BITS, int M>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
+    const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed,
+    const void* __restrict__ absmax, int absmax_format, const float* __restrict__ codebook,
+    int64_t N, int64_t K, int64_t KT, float shift_up, bool vec_x, const T* __restrict__ bias,
+    T* __restrict__ out, int64_t ldo) {
+  __shared__ float cb[1 << K_BITS];
+  __shared__ uint32_t spread[16];
+  __shared__ float partial[kWarps][kRowsPerWarp][M];
+  if (threadIdx.x < (1 << K_BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
+  if (threadIdx.x < 16) {
+    uint32_t s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) s |= ((threadIdx.x >> j) & 1u) << (8 * j + 2);
+    spread[threadIdx.x] = s;
+  }
+  __syncthreads();
+  const char* cb_bytes = reinterpret_cast<const char*>(cb);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, phase = lane & 3;
+  const int64_t n = int64_t(blockIdx.x) * kRowsPerWarp + r;
+  const bool row_ok = n < N;
+
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) acc[m] = 0.f;
+
+  for (int64_t kt = warp * kPhases + phase; row_ok && kt < KT; kt += kTileStride) {
+    const int64_t slot = (kt * N + n) * kTileBlocks;  // block index of (kt, n, j = 0)
+    uint32_t words[kTileBlocks * K_BITS];
+    const int32_t* src = packed + slot * K_BITS;
+#pragma unroll
+    for (int i = 0; i < kTileBlocks * K_BITS; i++) words[i] = uint32_t(__ldg(src + i));
+#pragma unroll
+    for (int j = 0; j < kTileBlocks; j++) {
+      const float scale = load_absmax(absmax, absmax_format, slot + j) * shift_up;
+      float block_sum[M];
+#pragma unroll
+      for (int m = 0; m < M; m++) block_sum[m] = 0.f;
+#pragma unroll
+      for (int q = 0; q < 4; q++) {  // 8 values at a time
+        uint32_t offs_lo = 0, offs_hi = 0;
+#pragma unroll
+        for (int b = 0; b < K_BITS; b++) {
+          const uint32_t byte = words[j * K_BITS + b] >> (8 * q);
+          offs_lo |= spread[byte & 15u] << b;
+          offs_hi |= spread[(byte >> 4) & 15u] << b;
+        }
+        float w[8];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          w[e] = *reinterpret_cast<const float*>(cb_bytes + __byte_perm(offs_lo, 0, 0x4440 + e));
+          w[e + 4] = *reinterpret_cast<const float*>(cb_bytes + __byte_perm(offs_hi, 0, 0x4440 + e));
+        }
+        const int64_t col = kt * 64 + j * 32 + q * 8;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+          float xv[8];
+          load8(x + m * ldx + col, vec_x, col, K, xv);
+#pragma unroll
+          for (int e = 0; e < 8; e++) block_sum[m] = fmaf(xv[e], w[e], block_sum[m]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < M; m++) acc[m] = fmaf(block_sum[m], scale, acc[m]);
+    }
+  }
+  // join the 4 phases of a column, then the 4 warps
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], 1);
+    acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], 2);
+  }
+  if (phase == 0) {
+#pragma unroll
+    for (int m = 0; m < M; m++) partial[warp][r][m] = acc[m];
+  }
+  __syncthreads();
+  if (threadIdx.x < kRowsPerWarp * M) {
+    const int rr = threadIdx.x / M, m = threadIdx.x % M;
+    const int64_t nn = int64_t(blockIdx.x) * kRowsPerWarp + rr;
+    if (nn < N) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; w++) v += partial[w][rr][m];
+      if (bias != nullptr) v += to_float(bias[nn]);
+      out[m * ldo + nn] = from_float<T>(v);
+    }
+  }
+}
+
+template <typename T, int K_BITS, int M>
+cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, const int32_t* packed,
+                   const void* absmax, int fmt, const float* cb, int64_t N, int64_t K,
+                   int exponent, const void* bias, void* out, int64_t ldo) {
+  const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
+  const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  gemv_kernel<T, K_BITS, M><<<unsigned(ceil_div(N, kRowsPerWarp)), kWarps * 32, 0, s>>>(
+      static_cast<const T*>(x), ldx, packed, absmax, fmt, cb, N, K, KT, ldexpf(1.f, exponent),
+      vec_x, static_cast<const T*>(bias), static_cast<T*>(out), ldo);
+  return cudaGetLastError();
+}
+
+template <typename T, int K_BITS>
+cudaError_t launch_m(int m, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
+                     const void* a, int fmt, const float* cb, int64_t N, int64_t K, int e,
+                     const void* bias, void* out, int64_t ldo) {
+  switch (m) {
+    case 1: return launch<T, K_BITS, 1>(s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 2: return launch<T, K_BITS, 2>(s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 3: return launch<T, K_BITS, 3>(s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 4: return launch<T, K_BITS, 4>(s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+cudaError_t launch_k(int k, int m, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
+                     const void* a, int fmt, const float* cb, int64_t N, int64_t K, int e,
+                     const void* bias, void* out, int64_t ldo) {
+  switch (k) {
+    case 2: return launch_m<T, 2>(m, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 3: return launch_m<T, 3>(m, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 4: return launch_m<T, 4>(m, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 5: return launch_m<T, 5>(m, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+}  // namespace kbit
+
+extern "C" int kbit_gemv(int device, void* stream, const void* x, int dtype, int64_t M,
+                         int64_t ldx, const int32_t* packed, const void* absmax,
+                         int absmax_format, const float* codebook, int k, int64_t N, int64_t K,
+                         int absmax_exponent, const void* bias, void* out, int64_t ldo) {
+  using namespace kbit;
+  DeviceGuard guard(device);
+  if (guard.err != cudaSuccess) return guard.err;
+  if (M == 0 || N == 0) return cudaSuccess;
+  if (M > 4) return cudaErrorInvalidValue;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int m = int(M);
+  switch (dtype) {
+    case KBIT_F16: return launch_k<__half>(k, m, s, x, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+    case KBIT_BF16: return launch_k<__nv_bfloat16>(k, m, s, x, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+  }
+  return cudaErrorInvalidValue;
+}

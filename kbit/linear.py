@@ -1,0 +1,55 @@
+"""kbit.linear: C = x @ W^T (+ bias) for a k-bit W, any leading dims of x, fp16/bf16.
+
+Dispatch (this version): M <= 4 rows -> the scalar GEMV kernel (kbit::gemv, tiled64 layout);
+larger M -> dequantize into a reused per-(device, stream, dtype) buffer, then torch.matmul
+(cuBLAS). The tensor-core kernel for small/medium M and measured crossovers are not written
+yet (issue 3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .format import QuantizedWeight
+
+_dequant_buffers: dict = {}
+
+
+def _dequant_buffer(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    device = qweight.device
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream, dtype)
+    need = qweight.shape[0] * qweight.shape[1]
+    buf = _dequant_buffers.get(key)
+    if buf is None or buf.numel() < need:
+        buf = torch.empty(need, dtype=dtype, device=device)
+        _dequant_buffers[key] = buf
+    return buf[:need].view(qweight.shape)
+
+
+def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    if not isinstance(qweight, QuantizedWeight):
+        raise TypeError(f"qweight must be a kbit.QuantizedWeight, got {type(qweight).__name__}")
+    if not isinstance(x, torch.Tensor) or x.dtype not in ops.ACT_DTYPES:
+        raise TypeError(f"x must be a float16 or bfloat16 tensor, got {getattr(x, 'dtype', type(x))}")
+    n, kdim = qweight.shape
+    if x.dim() < 1 or x.shape[-1] != kdim:
+        raise ValueError(f"x must have last dim K={kdim}, got shape {list(x.shape)}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, kdim)
+    m = x2.shape[0]
+    if m <= ops.GEMV_MAX_M and qweight.layout == "tiled64" and m > 0:
+        y = ops.gemv(x2, qweight.packed, qweight.absmax, qweight.codebook, n, kdim,
+                     qweight.absmax_exponent, bias)
+    else:
+        w = _dequant_buffer(qweight, x.dtype)
+        ops.dequantize_out(qweight.packed, qweight.absmax, qweight.codebook, n, kdim,
+                           qweight.layout, qweight.absmax_exponent, w)
+        y = torch.nn.functional.linear(x2, w, bias)
+    y = y.view(*lead, n)
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y

@@ -1,0 +1,96 @@
+"""kbit.linear / kbit::gemv against the reference: W dequantized in float32, product in float64.
+
+Tolerance (relative Frobenius error): the result is rounded once to the output dtype
+(relative 2^-11 = 4.9e-4 for fp16, 2^-8 = 3.9e-3 for bf16) on top of float32 accumulation in
+another order (~1e-6). 2e-3 (fp16) and 1e-2 (bf16) leave ~4x / ~2.5x margin over one rounding
+while any wrong index, scale or missing block (errors of order 1e-1 .. 1) fails.
+"""
+
+import pytest
+import torch
+
+import kbit
+from kbit import ops
+from kbit import reference as ref
+
+from conftest import GPU, random_weight
+
+DEVICES = ["cpu"] + (["cuda"] if GPU else [])
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (2048, 512)]
+
+
+def _rel_err(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def _reference(x, q, bias=None):
+    w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                       q.absmax_exponent, torch.float32)
+    return ref.linear(x.cpu(), w, None if bias is None else bias.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemv_small_m(device, k, dtype, rng):
+    for n, kdim in SHAPES if device == "cuda" else SHAPES[1:2]:
+        q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
+        for m in (1, 2, 3, 4):
+            x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
+            got = kbit.linear(x, q)
+            assert got.shape == (m, n) and got.dtype == dtype
+            err = _rel_err(got.cpu(), _reference(x, q))
+            assert err <= TOL[dtype], (n, kdim, m, err)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_bias_leading_dims_noncontiguous(device, dtype, rng):
+    q = kbit.repack(kbit.quantize(random_weight(96, 160, gen=rng, device=device), k=4))
+    bias = torch.randn(96, generator=rng).to(dtype).to(device)
+    for m in (1, 3, 5, 17):
+        x = torch.randn(m, 2 * 160, generator=rng).to(dtype).to(device)[:, ::2]  # non-contiguous
+        got = kbit.linear(x, q, bias)
+        assert _rel_err(got.cpu(), _reference(x, q, bias)) <= TOL[dtype]
+    x3 = torch.randn(2, 3, 160, generator=rng).to(dtype).to(device)
+    got = kbit.linear(x3, q)
+    assert got.shape == (2, 3, 96)
+    assert _rel_err(got.cpu().reshape(6, 96), _reference(x3.reshape(6, 160), q)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_m_zero_and_bad_input(device, rng):
+    q = kbit.repack(kbit.quantize(random_weight(32, 64, gen=rng, device=device), k=3))
+    assert kbit.linear(torch.empty(0, 64, dtype=torch.float16, device=device), q).shape == (0, 32)
+    with pytest.raises(ValueError, match="last dim"):
+        kbit.linear(torch.randn(2, 63, dtype=torch.float16, device=device), q)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        kbit.linear(torch.randn(2, 64, device=device), q)
+    with pytest.raises(TypeError, match="QuantizedWeight"):
+        kbit.linear(torch.randn(2, 64, dtype=torch.float16, device=device), torch.zeros(32, 64))
+    with pytest.raises(TypeError, match="bias"):
+        kbit.linear(torch.randn(2, 64, dtype=torch.float16, device=device), q, torch.zeros(32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemv_opcheck(device, rng):
+    q = kbit.repack(kbit.quantize(random_weight(24, 100, gen=rng, device=device), k=5))
+    x = torch.randn(3, 100, generator=rng).to(torch.float16).to(device)
+    bias = torch.randn(24, generator=rng).to(torch.float16).to(device)
+    for b in (None, bias):
+        torch.library.opcheck(ops.gemv, (x, q.packed, q.absmax, q.codebook, 24, 100, 0, b))
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_gemv_graph_replay_new_inputs(rng):
+    q = kbit.repack(kbit.quantize(random_weight(256, 512, gen=rng, device="cuda"), k=4))
+    x = torch.randn(1, 512, dtype=torch.float16, device="cuda")
+    kbit.linear(x, q)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = kbit.linear(x, q)
+    x.copy_(torch.randn(1, 512, generator=rng).to(torch.float16))
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel_err(y.cpu(), _reference(x, q)) <= TOL[torch.float16]
