@@ -10,7 +10,9 @@
 // reduction joins them. Per 32-value block the kernel sums x * codebook[idx] in float32 and
 // multiplies by the block scale once. Indices come from the same 16-entry spread table as
 // dequantize (byte offsets of codebook entries, two shared loads per plane per 8 values).
-// Activations are read straight from global memory (L1-resident: every CTA reads all of A).
+// Activations are staged once per CTA in shared memory as float32 (v1/v2 re-read and
+// re-converted them from global memory for every 8 weights; NOTES.md), or read from global
+// when M * K is too large for shared memory.
 #include "common.cuh"
 
 namespace kbit {
@@ -34,7 +36,12 @@ __device__ __forceinline__ void load8(const T* p, bool vec, int64_t col, int64_t
   }
 }
 
-template <typename T, int K_BITS, int M>
+// x staged in shared memory as float32: k-tile kt of row m at xs[m * x_row + kt * kXTile];
+// 68 floats per 64-value tile so that the 4 k-tile phases of a warp hit different banks.
+constexpr int kXTile = 68;
+constexpr int kMaxXSmem = 200 * 1024;  // larger x (M * K beyond ~50k values) is read from global
+
+template <typename T, int K_BITS, int M, bool X_SMEM>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int absmax_format, const float* __restrict__ codebook,
@@ -49,6 +56,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
 #pragma unroll
     for (int j = 0; j < 4; j++) s |= ((threadIdx.x >> j) & 1u) << (8 * j + 2);
     spread[threadIdx.x] = s;
+  }
+  extern __shared__ float xs[];
+  const int64_t x_row = KT * kXTile;
+  if (X_SMEM) {
+    for (int m = 0; m < M; m++)
+      for (int64_t c = threadIdx.x; c < KT * 64; c += kWarps * 32)
+        xs[m * x_row + (c >> 6) * kXTile + (c & 63)] = c < K ? to_float(x[m * ldx + c]) : 0.f;
   }
   __syncthreads();
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
@@ -111,7 +125,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
 #pragma unroll
         for (int m = 0; m < M; m++) {
           float xv[8];
-          load8(x + m * ldx + col, vec_x, col, K, xv);
+          if (X_SMEM) {
+            const float4* p = reinterpret_cast<const float4*>(xs + m * x_row + kt * kXTile + j * 32 + q * 8);
+            const float4 a = p[0], b = p[1];
+            xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+            xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+          } else {
+            load8(x + m * ldx + col, vec_x, col, K, xv);
+          }
 #pragma unroll
           for (int e = 0; e < 8; e++) block_sum[m] = fmaf(xv[e], w[e], block_sum[m]);
         }
@@ -150,9 +171,23 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, const int32_t* pa
                    int exponent, const void* bias, void* out, int64_t ldo) {
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  gemv_kernel<T, K_BITS, M><<<unsigned(ceil_div(N, kRowsPerWarp)), kWarps * 32, 0, s>>>(
-      static_cast<const T*>(x), ldx, packed, absmax, fmt, cb, N, K, KT, ldexpf(1.f, exponent),
-      vec_x, static_cast<const T*>(bias), static_cast<T*>(out), ldo);
+  const int64_t x_bytes = int64_t(M) * KT * kXTile * sizeof(float);
+  const unsigned grid = unsigned(ceil_div(N, kRowsPerWarp));
+  const T* xt = static_cast<const T*>(x);
+  const T* bt = static_cast<const T*>(bias);
+  const float shift_up = ldexpf(1.f, exponent);
+  if (x_bytes <= kMaxXSmem) {
+    if (x_bytes > 48 * 1024) {
+      cudaError_t err = cudaFuncSetAttribute(gemv_kernel<T, K_BITS, M, true>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxXSmem);
+      if (err != cudaSuccess) return err;
+    }
+    gemv_kernel<T, K_BITS, M, true><<<grid, kWarps * 32, size_t(x_bytes), s>>>(
+        xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt, static_cast<T*>(out), ldo);
+  } else {
+    gemv_kernel<T, K_BITS, M, false><<<grid, kWarps * 32, 0, s>>>(
+        xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt, static_cast<T*>(out), ldo);
+  }
   return cudaGetLastError();
 }
 
