@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "kbit.h"
 
 namespace kbit {
@@ -105,6 +107,27 @@ inline unsigned persistent_grid(int per_sm, int64_t ctas_needed) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int64_t cap = int64_t(sms) * per_sm;
   return unsigned(ctas_needed < cap ? (ctas_needed > 0 ? ctas_needed : 1) : cap);
+}
+
+// Per-device limits the launchers need on every call, read once per device (a few
+// cudaDeviceGetAttribute calls cost microseconds of host time at M = 1).
+struct DeviceInfo {
+  int sms = 1, smem_per_sm = 0, smem_optin = 48 * 1024, smem_reserved = 0;
+};
+inline const DeviceInfo& device_info(int device) {
+  static DeviceInfo info[64];
+  static bool ready[64] = {};
+  if (device < 0 || device >= 64) device = 0;
+  if (!ready[device]) {
+    DeviceInfo d;
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaDeviceGetAttribute(&d.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+    info[device] = d;
+    ready[device] = true;
+  }
+  return info[device];
 }
 
 }  // namespace kbit

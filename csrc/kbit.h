@@ -48,6 +48,15 @@ KBIT_API int kbit_gemv(int device, void* stream, const void* x, int dtype, int64
                        const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
                        const void* bias, void* out, int64_t ldo);
 
+// Same contract as kbit_gemv for 1 <= M <= 16, on tensor cores (mma.sync, sm_80+). x is
+// staged whole in shared memory: M * (128 * ceil(K / 128) + 16) * 2 bytes must not exceed
+// kbit_mma_max_x_bytes(), else the call returns cudaErrorInvalidValue without launching.
+KBIT_API int kbit_mma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
+                      const int32_t* packed, const void* absmax, int absmax_format,
+                      const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
+                      const void* bias, void* out, int64_t ldo);
+KBIT_API int kbit_mma_max_x_bytes(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,9 +1,10 @@
 """kbit.linear: C = x @ W^T (+ bias) for a k-bit W, any leading dims of x, fp16/bf16.
 
-Dispatch (this version): M <= 4 rows -> the scalar GEMV kernel (kbit::gemv, tiled64 layout);
-larger M -> dequantize into a reused per-(device, stream, dtype) buffer, then torch.matmul
-(cuBLAS). The tensor-core kernel for small/medium M and measured crossovers are not written
-yet (issue 3).
+Dispatch (this version, tiled64 weights): M <= 16 rows whose x fits in shared memory -> the
+tensor-core kernel (kbit::mma); M <= 4 otherwise -> the scalar GEMV (kbit::gemv); larger M (or
+a flat weight) -> dequantize into a reused per-(device, stream, dtype) buffer, then
+torch.nn.functional.linear (cuBLAS). With `out` given (contiguous [M, N], x's dtype) the
+small-M kernels write into it directly.
 """
 
 from __future__ import annotations
@@ -40,9 +41,19 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
-    if m <= ops.GEMV_MAX_M and qweight.layout == "tiled64" and m > 0:
-        y = ops.gemv(x2, qweight.packed, qweight.absmax, qweight.codebook, n, kdim,
-                     qweight.absmax_exponent, bias)
+    small = None
+    if qweight.layout == "tiled64" and m > 0:
+        if ops.mma_supports(m, kdim):
+            small = (ops.mma, ops.mma_out)
+        elif m <= ops.GEMV_MAX_M:
+            small = (ops.gemv, ops.gemv_out)
+    if small is not None:
+        args = (x2, qweight.packed, qweight.absmax, qweight.codebook, n, kdim, qweight.absmax_exponent)
+        if (out is not None and out.is_contiguous() and out.dtype == x.dtype
+                and out.device == x.device and out.numel() == m * n):
+            small[1](*args, bias, out.view(m, n))
+            return out
+        y = small[0](*args, bias)
     else:
         w = _dequant_buffer(qweight, x.dtype)
         ops.dequantize_out(qweight.packed, qweight.absmax, qweight.codebook, n, kdim,

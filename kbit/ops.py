@@ -365,18 +365,34 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------------------- gemv (M <= 4)
+# ----------------------------------------------------------------------------- small-M matmul
+# Two kernels compute out[M, N] = x[M, K] @ W^T (+ bias) for a tiled64 weight:
+#   gemv: scalar FMA kernel, M <= 4;
+#   mma:  tensor-core kernel (mma.sync, weights decoded into registers), M <= 16, with x
+#         staged whole in shared memory (mma_supports()).
+# Each has a functional form and an `_out` form writing into a caller-provided [M, N] tensor.
 
 GEMV_MAX_M = 4
+MMA_MAX_M = 16
+# csrc/mma.cu kMaxXSmem, read from the library when it is loaded
+MMA_MAX_X_BYTES = _lib._lib.kbit_mma_max_x_bytes() if _lib.available() else 96 * 1024
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _check_gemv(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
+def mma_supports(m: int, kdim: int) -> bool:
+    """Whether the tensor-core kernel takes x [m, kdim] (staged x fits in shared memory)."""
+    steps = -(-kdim // 128)
+    return 1 <= m <= MMA_MAX_M and m * (steps * 128 + 16) * 2 <= MMA_MAX_X_BYTES
+
+
+def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
     _check_tensor("x", x, ACT_DTYPES)
     if x.dim() != 2 or x.shape[1] != kdim:
         raise ValueError(f"x must be [M, K={kdim}], got {list(x.shape)}")
-    if x.shape[0] > GEMV_MAX_M:
-        raise ValueError(f"gemv takes M <= {GEMV_MAX_M} rows, got {x.shape[0]}")
+    if x.shape[0] > max_m:
+        raise ValueError(f"{name} takes M <= {max_m} rows, got {x.shape[0]}")
+    if name == "mma" and x.shape[0] > 0 and not mma_supports(x.shape[0], kdim):
+        raise ValueError(f"mma: x [{x.shape[0]}, {kdim}] is too large to stage in shared memory")
     _check_packed(packed, absmax, codebook, n, kdim, "tiled64")
     if x.device != packed.device:
         raise ValueError(f"x is on {x.device}; the weight is on {packed.device}")
@@ -385,47 +401,74 @@ def _check_gemv(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
         _check_tensor("bias", bias, (x.dtype,), (n,), x.device)
 
 
-def _gemv_ref(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
+def _small_m_ref_into(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out):
     w = ref.dequantize(packed, absmax, codebook, (n, kdim), "tiled64", absmax_exponent, torch.float32)
-    out = x.float() @ w.T
+    y = x.float() @ w.T
     if bias is not None:
-        out = out + bias.float()
-    return out.to(x.dtype)
+        y = y + bias.float()
+    out.copy_(y.to(x.dtype))
 
 
-@torch.library.custom_op("kbit::gemv", mutates_args=())
-def gemv(
-    x: Tensor, packed: Tensor, absmax: Tensor, codebook: Tensor, n: int, kdim: int,
-    absmax_exponent: int, bias: Tensor | None = None,
-) -> Tensor:
-    """x [M <= 4, K] @ W^T (+ bias) with W (n x kdim) in the tiled64 layout."""
-    _check_gemv(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
-    return _gemv_ref(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
-
-
-@gemv.register_kernel("cuda")
-def _(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias=None):
-    _check_gemv(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out):
     lib = _lib.native(x)
     if lib is None:
-        return _gemv_ref(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+        return _small_m_ref_into(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out)
+    if x.shape[0] == 0 or n == 0:
+        return None
     if x.stride(-1) != 1:
         x = x.contiguous()
-    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     dev, stream = _lib.stream_of(x)
-    rc = lib.kbit_gemv(
+    rc = getattr(lib, cfn)(
         dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),
         packed.data_ptr(), absmax.data_ptr(), _lib.ABSMAX_CODES[absmax_format_of(absmax)],
         codebook.data_ptr(), codebook.numel().bit_length() - 1, n, kdim, absmax_exponent,
-        bias.data_ptr() if bias is not None else None, out.data_ptr(), n,
+        bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0),
     )
-    _lib.check(rc, "gemv")
-    return out
+    _lib.check(rc, cfn[5:])
+    return None
 
 
-@gemv.register_fake
-def _(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias=None):
-    return x.new_empty((x.shape[0], n))
+def _def_small_m(name: str, max_m: int):
+    cfn = f"kbit_{name}"
+    doc = f"x [M <= {max_m}, K] @ W^T (+ bias) with W (n x kdim) in the tiled64 layout ({name} kernel)."
+
+    @torch.library.custom_op(f"kbit::{name}", mutates_args=())
+    def op(x: Tensor, packed: Tensor, absmax: Tensor, codebook: Tensor, n: int, kdim: int,
+           absmax_exponent: int, bias: Tensor | None = None) -> Tensor:
+        _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+        out = x.new_empty((x.shape[0], n))
+        _small_m_ref_into(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out)
+        return out
+
+    @op.register_kernel("cuda")
+    def _(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias=None):
+        _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+        out = x.new_empty((x.shape[0], n))
+        _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out)
+        return out
+
+    @op.register_fake
+    def _(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias=None):
+        return x.new_empty((x.shape[0], n))
+
+    @torch.library.custom_op(f"kbit::{name}_out", mutates_args=("out",))
+    def op_out(x: Tensor, packed: Tensor, absmax: Tensor, codebook: Tensor, n: int, kdim: int,
+               absmax_exponent: int, bias: Tensor | None, out: Tensor) -> None:
+        _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+        _check_out("out", out, (x.dtype,), (x.shape[0], n), x.device)
+        _small_m_ref_into(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out)
+
+    @op_out.register_kernel("cuda")
+    def _(x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out):
+        _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias)
+        _check_out("out", out, (x.dtype,), (x.shape[0], n), x.device)
+        _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out)
+
+    op.__doc__ = op_out.__doc__ = doc
+    return op, op_out
 
 
-__all__ += ["gemv"]
+gemv, gemv_out = _def_small_m("gemv", GEMV_MAX_M)
+mma, mma_out = _def_small_m("mma", MMA_MAX_M)
+
+__all__ += ["gemv", "gemv_out", "mma", "mma_out", "mma_supports"]

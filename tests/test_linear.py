@@ -44,6 +44,63 @@ def test_gemv_small_m(device, k, dtype, rng):
             assert err <= TOL[dtype], (n, kdim, m, err)
 
 
+MMA_SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (8, 33), (2048, 512), (136, 5120)]
+MMA_MS = (1, 2, 3, 4, 5, 8, 9, 15, 16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_mma_small_m(device, k, dtype, rng):
+    """Tensor-core kernel, M = 1..16, into NaN-poisoned outputs.
+
+    The kernel multiplies codebook value x block scale in the activation dtype (one extra
+    rounding of each weight before the fp32-accumulated MMA: relative 2^-11 fp16 / 2^-8 bf16,
+    random in sign, so it adds ~1/sqrt(3) of that to the Frobenius error): still inside the
+    bounds above.
+    """
+    for n, kdim in MMA_SHAPES if device == "cuda" else MMA_SHAPES[1:2]:
+        q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
+        for m in MMA_MS if device == "cuda" else (1, 9):
+            if not ops.mma_supports(m, kdim):
+                continue
+            x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+            ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, 0, None, out)
+            err = _rel_err(out.cpu(), _reference(x, q))
+            assert err <= TOL[dtype], (n, kdim, m, err)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("absmax_format", ["e4m4", "fp16", "fp32"])
+def test_mma_absmax_formats_exponent_bias(device, absmax_format, rng):
+    # weights ~1e-7 and ~1e3: per-tensor exponents far from 0 for E4M4
+    for scale in (1e-7, 1e3):
+        w = random_weight(72, 320, gen=rng, device=device, spread=1.0) * scale
+        q = kbit.repack(kbit.quantize(w, k=4, absmax_format=absmax_format))
+        bias = torch.randn(72, generator=rng).to(torch.bfloat16).to(device) * scale
+        for m in (1, 6, 13):
+            x = torch.randn(m, 320, generator=rng).to(torch.bfloat16).to(device)
+            got = ops.mma(x, q.packed, q.absmax, q.codebook, 72, 320, q.absmax_exponent, bias)
+            err = _rel_err(got.cpu(), _reference(x, q, bias))
+            assert err <= TOL[torch.bfloat16], (absmax_format, scale, m, err)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mma_opcheck_and_limits(device, rng):
+    q = kbit.repack(kbit.quantize(random_weight(24, 100, gen=rng, device=device), k=3))
+    x = torch.randn(11, 100, generator=rng).to(torch.float16).to(device)
+    bias = torch.randn(24, generator=rng).to(torch.float16).to(device)
+    for b in (None, bias):
+        torch.library.opcheck(ops.mma, (x, q.packed, q.absmax, q.codebook, 24, 100, 0, b))
+    out = torch.empty(11, 24, dtype=torch.float16, device=device)
+    torch.library.opcheck(ops.mma_out, (x, q.packed, q.absmax, q.codebook, 24, 100, 0, bias, out))
+    with pytest.raises(ValueError, match="M <= 16"):
+        ops.mma(torch.zeros(17, 100, dtype=torch.float16, device=device), q.packed, q.absmax,
+                q.codebook, 24, 100, 0)
+    assert not ops.mma_supports(16, 1 << 15) and ops.mma_supports(1, 1 << 15)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_linear_bias_leading_dims_noncontiguous(device, dtype, rng):

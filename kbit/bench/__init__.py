@@ -47,7 +47,7 @@ def run(args) -> int:
     if not kbit.native_available():
         print(f"kbit bench needs the native CUDA library: {kbit.native_status()}", file=sys.stderr)
         return 2
-    from .linear_suite import DENSE, run_linear
+    from .linear_suite import DENSE, EXTRA, run_linear
     from .ops_suite import run_ops
     from .timing import device_report
 
@@ -62,10 +62,10 @@ def run(args) -> int:
 
     warm_up()
     if "linear" in suites:
-        shapes = args.shapes.split(",") if args.shapes else list(DENSE)
-        unknown = [s for s in shapes if s not in DENSE]
+        shapes = args.shapes.split(",") if args.shapes else list(DENSE) + list(EXTRA)
+        unknown = [s for s in shapes if s not in DENSE and s not in EXTRA]
         if unknown:
-            print(f"unknown shapes {unknown}; choose from {list(DENSE)}", file=sys.stderr)
+            print(f"unknown shapes {unknown}; choose from {list(DENSE) + list(EXTRA)}", file=sys.stderr)
             return 2
         result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, shapes, args.repeats)
     if "ops" in suites:

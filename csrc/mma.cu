@@ -1,0 +1,432 @@
+// mma: C[M, N] = x[M, K] @ W^T (+ bias) for M = 1..16 on tensor cores, W k-bit in the tiled64
+// layout. The weights are decoded straight into mma.sync B fragments in registers; no
+// dequantized tile ever goes through shared memory.
+//
+// One mma.sync.m16n8k16 multiplies A = x (16 tokens x 16 k, rows >= M are zero) by
+// B = W^T (16 k x 8 weight rows). A lane (g = lane / 4, c = lane % 4) holds four B values of
+// column g per MMA. A "step" of a warp is 8 weight rows x 128 k = 32 quantization blocks: lane
+// (g, c) loads block c of row g (k-tile 2 * step + c / 2, block c % 2), decodes its 32 values
+// and feeds them to 8 MMAs. The k order inside an MMA is free as long as x uses the same one,
+// so each lane keeps the values of its own block and x is staged in shared memory in that
+// permuted "fragment order" (one 8-byte load per lane per MMA, conflict-free).
+//
+// Decode (k = 2..4): the k bit-planes of a block are transposed in registers (delta swaps)
+// into words whose nibbles (k = 3, 4) or 2-bit fields (k = 2) hold the indices of values
+// r, r + 4, r + 8, ... (r = word); one shared-memory load then returns two codebook values as
+// a packed pair (table indexed by a byte, or a nibble for k = 2), multiplied by the block
+// scale with one packed multiply. The pair table is private per lane (entry e of lane L at
+// word e * 32 + L), so the lookups of a warp never conflict. k = 5 looks up single values in
+// a 32-entry float table. The block scale (E4M4 decoded, exact in fp16/bf16) multiplies the
+// codebook value in the activation dtype; the per-tensor power of two multiplies the fp32
+// accumulator at the end, so it cannot overflow or underflow the 16-bit weights.
+//
+// Work split: a CTA (16 warps) owns RG groups of 8 rows over all of K and the 16 warps share
+// its RG * steps items evenly; each warp issues the loads of its next kDepth items before it
+// decodes one (register ring), so every lane has several sectors in flight from the start.
+// Warps add their fp32 results into a shared accumulator when their row group changes and at
+// the end; the CTA then writes C. RG is chosen per shape so that one wave covers the grid with
+// the least work on the busiest SM.
+#include <algorithm>
+
+#include "common.cuh"
+
+namespace kbit {
+namespace {
+
+constexpr int kWarpsPerCta = 16;
+constexpr int kThreadsPerCta = kWarpsPerCta * 32;
+constexpr int kDepth = 4;                   // items whose loads are in flight per warp
+constexpr int kStepK = 128;                 // k values per step
+constexpr int kXPad = 16;                   // halves of padding per staged x row (bank spread)
+constexpr int kMaxXSmem = 96 * 1024;        // staged x larger than this: not handled here
+
+template <typename T> struct Pair;
+template <> struct Pair<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+template <> struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+  using P = typename Pair<T>::type;
+  P r = __hmul2(*reinterpret_cast<P*>(&a), *reinterpret_cast<P*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (sizeof(T) == 2 && std::is_same<T, __half>::value) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Swap the bits of a at positions (mask << d) with the bits of b at positions mask.
+__device__ __forceinline__ void delta_swap(uint32_t& a, uint32_t& b, int d, uint32_t mask) {
+  const uint32_t t = ((a >> d) ^ b) & mask;
+  b ^= t;
+  a ^= t << d;
+}
+
+// x >> s for an s that may be negative (then a left shift); s is a constant after unrolling.
+__device__ __forceinline__ uint32_t shr(uint32_t x, int s) { return s >= 0 ? x >> s : x << -s; }
+
+// Position (0..31) inside the lane's block of the value that MMA s, slot u (0..3) uses:
+// slots 0, 1 form B register 0 and slots 2, 3 register 1 (k = 2c, 2c + 1 and 2c + 8, 2c + 9
+// of the MMA). It follows from the decode below; the x staging uses the same map.
+template <int K_BITS>
+__host__ __device__ constexpr int slot_position(int s, int u) {
+  return K_BITS == 2 ? 8 * (s & 3) + (s >> 2) + 2 * u   // word r = s / 4, nibble pair j = s % 4
+                     : 16 * (s & 1) + (s >> 1) + 4 * u;  // word r = s / 2, byte pair h = s % 2
+}
+
+// Shared-memory bytes of the codebook table.
+template <int K_BITS>
+__host__ __device__ constexpr int table_bytes() {
+  return K_BITS == 2 ? 16 * 32 * 4 : K_BITS == 3 ? 128 * 32 * 4 : K_BITS == 4 ? 256 * 32 * 4 : 32 * 4;
+}
+
+// Block words + stored absmax of one item.
+template <int K_BITS>
+struct Item {
+  uint32_t w[K_BITS];
+  uint32_t scale_bits;
+};
+
+template <int K_BITS>
+__device__ __forceinline__ void load_item(Item<K_BITS>& it, const int32_t* __restrict__ packed,
+                                          const void* __restrict__ absmax, int absmax_format,
+                                          int64_t block, bool valid) {
+  if (!valid) {
+#pragma unroll
+    for (int b = 0; b < K_BITS; b++) it.w[b] = 0;
+    it.scale_bits = 0;
+    return;
+  }
+  const int32_t* src = packed + block * K_BITS;
+  if constexpr (K_BITS == 4) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
+    it.w[0] = v.x; it.w[1] = v.y; it.w[2] = v.z; it.w[3] = v.w;
+  } else if constexpr (K_BITS == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
+    it.w[0] = v.x; it.w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int b = 0; b < K_BITS; b++) it.w[b] = uint32_t(__ldg(src + b));
+  }
+  if (absmax_format == KBIT_ABSMAX_E4M4) it.scale_bits = __ldg(static_cast<const uint8_t*>(absmax) + block);
+  else if (absmax_format == KBIT_ABSMAX_F16) it.scale_bits = __ldg(static_cast<const unsigned short*>(absmax) + block);
+  else it.scale_bits = __float_as_uint(__ldg(static_cast<const float*>(absmax) + block));
+}
+
+__device__ __forceinline__ float scale_of(uint32_t bits, int absmax_format) {
+  if (absmax_format == KBIT_ABSMAX_E4M4) return e4m4_decode(bits);
+  if (absmax_format == KBIT_ABSMAX_F16) return __half2float(__ushort_as_half((unsigned short)bits));
+  return __uint_as_float(bits);
+}
+
+// Decode one item into the 16 B registers of its 8 MMAs (b[2s], b[2s + 1] for MMA s).
+// table: this lane's column of the pair table (k = 2..4) or the float codebook (k = 5).
+template <typename T, int K_BITS>
+__device__ __forceinline__ void decode(const Item<K_BITS>& it, int absmax_format,
+                                       const char* table, uint32_t (&b)[16]) {
+  const float scale = scale_of(it.scale_bits, absmax_format);
+  if constexpr (K_BITS == 5) {
+    uint32_t n0 = it.w[0], n1 = it.w[1], n2 = it.w[2], n3 = it.w[3];
+    delta_swap(n0, n2, 2, 0x33333333u); delta_swap(n1, n3, 2, 0x33333333u);
+    delta_swap(n0, n1, 1, 0x55555555u); delta_swap(n2, n3, 1, 0x55555555u);
+    const uint32_t n[4] = {n0, n1, n2, n3};
+    const float* cb = reinterpret_cast<const float*>(table);
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+      const int r = s >> 1, h = s & 1;
+      float v[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const int j = 4 * h + u;  // nibble of word r: value 4j + r of the block
+        const uint32_t lo = (n[r] >> (4 * j)) & 15u;
+        const uint32_t hi = (it.w[4] >> (4 * j + r)) & 1u;
+        v[u] = cb[lo | (hi << 4)] * scale;
+      }
+      b[2 * s] = Pair<T>::pack(v[0], v[1]);
+      b[2 * s + 1] = Pair<T>::pack(v[2], v[3]);
+    }
+  } else {
+    const uint32_t s2 = Pair<T>::pack(scale, scale);  // exact: E4M4 has 4 mantissa bits
+    if constexpr (K_BITS == 2) {
+      uint32_t n0 = it.w[0], n1 = it.w[1];
+      delta_swap(n0, n1, 1, 0x55555555u);
+      const uint32_t n[2] = {n0, n1};
+      // nibble j of word r: the 2-bit indices of values 4j + r and 4j + 2 + r
+#pragma unroll
+      for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const uint32_t off = shr(n[r], 4 * j - 7) & 0x780u;  // entry * 128 bytes
+          const uint32_t pair = *reinterpret_cast<const uint32_t*>(table + off);
+          // MMA s = 4r + j / 2 takes pairs j (even: register 0) and j + 1 (register 1)
+          b[2 * (4 * r + (j >> 1)) + (j & 1)] = mul2<T>(pair, s2);
+        }
+    } else {
+      uint32_t n0 = it.w[0], n1 = it.w[1], n2 = it.w[2], n3 = K_BITS == 4 ? it.w[3] : 0u;
+      delta_swap(n0, n2, 2, 0x33333333u); delta_swap(n1, n3, 2, 0x33333333u);
+      delta_swap(n0, n1, 1, 0x55555555u); delta_swap(n2, n3, 1, 0x55555555u);
+      const uint32_t n[4] = {n0, n1, n2, n3};
+      constexpr uint32_t mask = K_BITS == 4 ? 0x7f80u : 0x3f80u;
+      // byte i of word r: the indices of values 8i + r (low nibble) and 8i + 4 + r
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const uint32_t off = shr(n[r], 8 * i - 7) & mask;
+          const uint32_t pair = *reinterpret_cast<const uint32_t*>(table + off);
+          // MMA s = 2r + i / 2 takes bytes i (even: register 0) and i + 1 (register 1)
+          b[2 * (2 * r + (i >> 1)) + (i & 1)] = mul2<T>(pair, s2);
+        }
+    }
+  }
+}
+
+template <typename T, int K_BITS, bool M16>
+__global__ void __launch_bounds__(kThreadsPerCta) mma_kernel(
+    const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
+    const void* __restrict__ absmax, int absmax_format, const float* __restrict__ codebook,
+    int64_t N, int64_t K, int64_t KT, int steps, int rg_per_cta, int items_per_warp,
+    float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
+  extern __shared__ __align__(16) char smem[];
+  char* table = smem;
+  T* xs = reinterpret_cast<T*>(smem + table_bytes<K_BITS>());
+  const int x_row = steps * kStepK + kXPad;  // halves
+  float* acc_s = reinterpret_cast<float*>(smem + table_bytes<K_BITS>() + size_t(M) * x_row * sizeof(T));
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t group0 = int64_t(blockIdx.x) * rg_per_cta;
+  const int total_items = rg_per_cta * steps;
+  const int item0 = warp * items_per_warp;
+  const int item_end = min(item0 + items_per_warp, total_items);
+
+  // 1. Put this warp's first kDepth items in flight before anything else.
+  auto block_of = [&](int item, bool& valid) -> int64_t {
+    const int rg = item / steps, step = item - rg * steps;
+    const int64_t n = (group0 + rg) * 8 + g;
+    const int64_t kt = 2 * int64_t(step) + (c >> 1);
+    valid = item < item_end && n < N && kt < KT;
+    return (kt * N + n) * kTileBlocks + (c & 1);
+  };
+  Item<K_BITS> ring[kDepth];
+#pragma unroll
+  for (int d = 0; d < kDepth; d++) {
+    bool valid;
+    const int64_t blk = block_of(item0 + d, valid);
+    load_item(ring[d], packed, absmax, absmax_format, blk, valid);
+  }
+
+  // 2. Tables, staged x, zeroed accumulator.
+  if constexpr (K_BITS == 5) {
+    if (threadIdx.x < 32) reinterpret_cast<float*>(table)[threadIdx.x] = codebook[threadIdx.x];
+  } else {
+    constexpr int entries = table_bytes<K_BITS>() / 128;
+    constexpr int field = K_BITS == 2 ? 2 : 4;
+    for (int i = threadIdx.x; i < entries * 32; i += kThreadsPerCta) {
+      const int e = i >> 5;
+      const float lo = codebook[e & ((1 << field) - 1) & ((1 << K_BITS) - 1)];
+      const float hi = codebook[(e >> field) & ((1 << K_BITS) - 1)];
+      reinterpret_cast<uint32_t*>(table)[i] = Pair<T>::pack(lo, hi);
+    }
+  }
+  {
+    // unit (m, t, c, h): x[m][t * 128 + 32c + 16h + q], q = 0..15, goes to fragment slots.
+    const int units = M * steps * 8;
+    for (int unit = threadIdx.x; unit < units; unit += kThreadsPerCta) {
+      const int m = unit / (steps * 8), rest = unit - m * steps * 8;
+      const int t = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
+      const int64_t k0 = int64_t(t) * kStepK + 32 * cc + 16 * h;
+      T v[16];
+      const T* src = x + m * ldx + k0;
+      if (vec_x && k0 + 16 <= K) {
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src));
+        const uint4 bq = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+        const T* pa = reinterpret_cast<const T*>(&a);
+        const T* pb = reinterpret_cast<const T*>(&bq);
+#pragma unroll
+        for (int q = 0; q < 8; q++) { v[q] = pa[q]; v[q + 8] = pb[q]; }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 16; q++) v[q] = k0 + q < K ? src[q] : from_float<T>(0.f);
+      }
+      T* dst = xs + size_t(m) * x_row;
+#pragma unroll
+      for (int s = 0; s < 8; s++) {
+        // MMA s slot u reads block position slot_position(s, u) = 16h' + q' (one h' per s)
+        if ((slot_position<K_BITS>(s, 0) >> 4) != h) continue;
+        T quad[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) quad[u] = v[slot_position<K_BITS>(s, u) & 15];
+        *reinterpret_cast<uint2*>(dst + ((t * 8 + s) * 4 + cc) * 4) = *reinterpret_cast<uint2*>(quad);
+      }
+    }
+  }
+  for (int i = threadIdx.x; i < rg_per_cta * M * 8; i += kThreadsPerCta) acc_s[i] = 0.f;
+  __syncthreads();
+
+  // 3. Main loop over this warp's items, loads kDepth items ahead.
+  const char* my_table = K_BITS == 5 ? table : table + lane * 4;
+  const T* xa = xs + size_t(g) * x_row + c * 4;         // A rows g and g + 8
+  const bool a_lo = g < M, a_hi = M16 && g + 8 < M;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int cur_rg = item0 < item_end ? item0 / steps : 0;
+  auto flush = [&](int rg) {
+    float* dst = acc_s + (size_t(rg) * M) * 8 + 2 * c;
+    if (a_lo) { atomicAdd(dst + g * 8, acc[0]); atomicAdd(dst + g * 8 + 1, acc[1]); }
+    if (a_hi) { atomicAdd(dst + (g + 8) * 8, acc[2]); atomicAdd(dst + (g + 8) * 8 + 1, acc[3]); }
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+  };
+  for (int base = item0; base < item_end; base += kDepth) {
+#pragma unroll
+    for (int d = 0; d < kDepth; d++) {
+      const int item = base + d;
+      if (item < item_end) {
+        const Item<K_BITS> cur = ring[d];
+        bool valid;
+        const int64_t blk = block_of(item + kDepth, valid);
+        if (item + kDepth < item_end) load_item(ring[d], packed, absmax, absmax_format, blk, valid);
+        const int rg = item / steps, step = item - rg * steps;
+        if (rg != cur_rg) { flush(cur_rg); cur_rg = rg; }
+        uint32_t bf[16];
+        decode<T, K_BITS>(cur, absmax_format, my_table, bf);
+        const T* xrow = xa + step * (8 * 16);
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+          uint2 lo = make_uint2(0u, 0u), hi = make_uint2(0u, 0u);
+          if (a_lo) lo = *reinterpret_cast<const uint2*>(xrow + s * 16);
+          if (a_hi) hi = *reinterpret_cast<const uint2*>(xrow + 8 * x_row + s * 16);
+          mma16816<T>(acc, lo.x, hi.x, lo.y, hi.y, bf[2 * s], bf[2 * s + 1]);
+        }
+      }
+    }
+  }
+  if (item0 < item_end) flush(cur_rg);
+  __syncthreads();
+
+  // 4. Write C.
+  for (int i = threadIdx.x; i < rg_per_cta * M * 8; i += kThreadsPerCta) {
+    const int rg = i / (M * 8), rest = i - rg * M * 8, m = rest >> 3, row = rest & 7;
+    const int64_t n = (group0 + rg) * 8 + row;
+    if (n < N) {
+      float v = acc_s[i] * shift_up;
+      if (bias != nullptr) v += to_float(bias[n]);
+      out[m * ldo + n] = from_float<T>(v);
+    }
+  }
+}
+
+template <typename T, int K_BITS>
+size_t smem_bytes(int M, int steps, int rg) {
+  return table_bytes<K_BITS>() + size_t(M) * (steps * kStepK + kXPad) * sizeof(T) +
+         size_t(rg) * M * 8 * sizeof(float);
+}
+
+template <typename T, int K_BITS, bool M16>
+cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int32_t* packed,
+                   const void* absmax, int fmt, const float* cb, int64_t N, int64_t K,
+                   int exponent, const void* bias, void* out, int64_t ldo) {
+  const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
+  const int steps = int(ceil_div(KT, 2));
+  const int64_t groups = ceil_div(N, 8);
+  if (size_t(M) * (steps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) return cudaErrorInvalidValue;
+  int device = 0;
+  cudaGetDevice(&device);
+  const DeviceInfo& dev = device_info(device);
+  auto kernel = mma_kernel<T, K_BITS, M16>;
+  // once per instantiation: the shared-memory opt-in and the register-limited occupancy
+  static const cudaError_t attr_err = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
+  static const int occ_regs = ctas_per_sm(kernel, kThreadsPerCta);
+  if (attr_err != cudaSuccess) return attr_err;
+  // Row groups per CTA: least work (items) on the busiest SM among the choices that fit in
+  // one wave; ties go to the smaller RG (more CTAs, more warps per SM).
+  int best_rg = 0;
+  int64_t best_cost = 0;
+  for (int rg = 1; rg <= 64; rg++) {
+    const size_t bytes = smem_bytes<T, K_BITS>(M, steps, rg);
+    if (bytes > size_t(dev.smem_optin)) break;
+    const int per_sm = std::min<int>(occ_regs, dev.smem_per_sm / int(bytes + dev.smem_reserved));
+    if (per_sm < 1) break;
+    const int64_t ctas = ceil_div(groups, rg);
+    const int64_t waves = ceil_div(ctas, int64_t(dev.sms) * per_sm);
+    const int64_t cost = ceil_div(ctas, dev.sms) * rg + (waves - 1) * (int64_t(1) << 40);
+    if (best_rg == 0 || cost < best_cost) { best_cost = cost; best_rg = rg; }
+    if (ctas == 1) break;
+  }
+  if (best_rg == 0) return cudaErrorInvalidValue;
+  const int items_per_warp = int(ceil_div(int64_t(best_rg) * steps, kWarpsPerCta));
+  const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  kernel<<<unsigned(ceil_div(groups, best_rg)), kThreadsPerCta, smem_bytes<T, K_BITS>(M, steps, best_rg), s>>>(
+      static_cast<const T*>(x), ldx, M, packed, absmax, fmt, cb, N, K, KT, steps, best_rg,
+      items_per_warp, ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias),
+      static_cast<T*>(out), ldo);
+  return cudaGetLastError();
+}
+
+template <typename T, int K_BITS>
+cudaError_t launch_m(int M, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
+                     const void* a, int fmt, const float* cb, int64_t N, int64_t K, int e,
+                     const void* bias, void* out, int64_t ldo) {
+  if (M <= 8) return launch<T, K_BITS, false>(s, x, ldx, M, p, a, fmt, cb, N, K, e, bias, out, ldo);
+  return launch<T, K_BITS, true>(s, x, ldx, M, p, a, fmt, cb, N, K, e, bias, out, ldo);
+}
+
+template <typename T>
+cudaError_t launch_k(int k, int M, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
+                     const void* a, int fmt, const float* cb, int64_t N, int64_t K, int e,
+                     const void* bias, void* out, int64_t ldo) {
+  switch (k) {
+    case 2: return launch_m<T, 2>(M, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 3: return launch_m<T, 3>(M, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 4: return launch_m<T, 4>(M, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 5: return launch_m<T, 5>(M, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+}  // namespace kbit
+
+extern "C" int kbit_mma_max_x_bytes(void) { return kbit::kMaxXSmem; }
+
+extern "C" int kbit_mma(int device, void* stream, const void* x, int dtype, int64_t M,
+                        int64_t ldx, const int32_t* packed, const void* absmax, int absmax_format,
+                        const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
+                        const void* bias, void* out, int64_t ldo) {
+  using namespace kbit;
+  DeviceGuard guard(device);
+  if (guard.err != cudaSuccess) return guard.err;
+  if (M == 0 || N == 0) return cudaSuccess;
+  if (M > 16) return cudaErrorInvalidValue;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int m = int(M);
+  switch (dtype) {
+    case KBIT_F16: return launch_k<__half>(k, m, s, x, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+    case KBIT_BF16: return launch_k<__nv_bfloat16>(k, m, s, x, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+  }
+  return cudaErrorInvalidValue;
+}
