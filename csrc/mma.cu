@@ -20,12 +20,13 @@
 // codebook value in the activation dtype; the per-tensor power of two multiplies the fp32
 // accumulator at the end, so it cannot overflow or underflow the 16-bit weights.
 //
-// Work split: a CTA (16 warps) owns RG groups of 8 rows over all of K and the 16 warps share
-// its RG * steps items evenly; each warp issues the loads of its next kDepth items before it
-// decodes one (register ring), so every lane has several sectors in flight from the start.
-// Warps add their fp32 results into a shared accumulator when their row group changes and at
-// the end; the CTA then writes C. RG is chosen per shape so that one wave covers the grid with
-// the least work on the busiest SM.
+// Work split: one CTA of 32 warps per SM (the codebook table and staged x are built once per
+// SM); a CTA owns RG groups of 8 rows over all of K and its warps share its RG * steps items
+// ("item" = one warp step) in contiguous runs; each warp issues the loads of its next kDepth
+// items before it decodes one (register ring), so every lane has several sectors in flight
+// from the start. Warps add their fp32 results into a shared accumulator when their row group
+// changes and at the end; the CTA then writes C. RG = the fewest row groups per CTA that
+// cover the grid in one wave.
 #include <algorithm>
 
 #include "common.cuh"
@@ -33,9 +34,9 @@
 namespace kbit {
 namespace {
 
-constexpr int kWarpsPerCta = 16;
+constexpr int kWarpsPerCta = 32;
 constexpr int kThreadsPerCta = kWarpsPerCta * 32;
-constexpr int kDepth = 4;                   // items whose loads are in flight per warp
+template <int K_BITS> constexpr int kDepth = K_BITS >= 4 ? 3 : 4;  // items in flight per warp (registers)
 constexpr int kStepK = 128;                 // k values per step
 constexpr int kXPad = 16;                   // halves of padding per staged x row (bank spread)
 constexpr int kMaxXSmem = 96 * 1024;        // staged x larger than this: not handled here
@@ -114,7 +115,7 @@ struct Item {
 template <int K_BITS>
 __device__ __forceinline__ void load_item(Item<K_BITS>& it, const int32_t* __restrict__ packed,
                                           const void* __restrict__ absmax, int absmax_format,
-                                          int64_t block, bool valid) {
+                                          uint32_t block, bool valid) {
   if (!valid) {
 #pragma unroll
     for (int b = 0; b < K_BITS; b++) it.w[b] = 0;
@@ -147,7 +148,7 @@ __device__ __forceinline__ float scale_of(uint32_t bits, int absmax_format) {
 // table: this lane's column of the pair table (k = 2..4) or the float codebook (k = 5).
 template <typename T, int K_BITS>
 __device__ __forceinline__ void decode(const Item<K_BITS>& it, int absmax_format,
-                                       const char* table, uint32_t (&b)[16]) {
+                                       const char* table, uint32_t lane4, uint32_t (&b)[16]) {
   const float scale = scale_of(it.scale_bits, absmax_format);
   if constexpr (K_BITS == 5) {
     uint32_t n0 = it.w[0], n1 = it.w[1], n2 = it.w[2], n3 = it.w[3];
@@ -180,7 +181,7 @@ __device__ __forceinline__ void decode(const Item<K_BITS>& it, int absmax_format
       for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-          const uint32_t off = shr(n[r], 4 * j - 7) & 0x780u;  // entry * 128 bytes
+          const uint32_t off = (shr(n[r], 4 * j - 7) & 0x780u) | lane4;  // entry * 128 + lane * 4
           const uint32_t pair = *reinterpret_cast<const uint32_t*>(table + off);
           // MMA s = 4r + j / 2 takes pairs j (even: register 0) and j + 1 (register 1)
           b[2 * (4 * r + (j >> 1)) + (j & 1)] = mul2<T>(pair, s2);
@@ -196,7 +197,7 @@ __device__ __forceinline__ void decode(const Item<K_BITS>& it, int absmax_format
       for (int r = 0; r < 4; r++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-          const uint32_t off = shr(n[r], 8 * i - 7) & mask;
+          const uint32_t off = (shr(n[r], 8 * i - 7) & mask) | lane4;
           const uint32_t pair = *reinterpret_cast<const uint32_t*>(table + off);
           // MMA s = 2r + i / 2 takes bytes i (even: register 0) and i + 1 (register 1)
           b[2 * (2 * r + (i >> 1)) + (i & 1)] = mul2<T>(pair, s2);
@@ -206,13 +207,13 @@ __device__ __forceinline__ void decode(const Item<K_BITS>& it, int absmax_format
 }
 
 template <typename T, int K_BITS, bool M16>
-__global__ void __launch_bounds__(kThreadsPerCta) mma_kernel(
+__global__ void __launch_bounds__(kThreadsPerCta, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int absmax_format, const float* __restrict__ codebook,
     int64_t N, int64_t K, int64_t KT, int steps, int rg_per_cta, int items_per_warp,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   extern __shared__ __align__(16) char smem[];
-  char* table = smem;
+  const char* table = smem;
   T* xs = reinterpret_cast<T*>(smem + table_bytes<K_BITS>());
   const int x_row = steps * kStepK + kXPad;  // halves
   float* acc_s = reinterpret_cast<float*>(smem + table_bytes<K_BITS>() + size_t(M) * x_row * sizeof(T));
@@ -220,37 +221,60 @@ __global__ void __launch_bounds__(kThreadsPerCta) mma_kernel(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int64_t group0 = int64_t(blockIdx.x) * rg_per_cta;
-  const int total_items = rg_per_cta * steps;
   const int item0 = warp * items_per_warp;
-  const int item_end = min(item0 + items_per_warp, total_items);
+  const int n_items = max(0, min(items_per_warp, rg_per_cta * steps - item0));
+
+  // A cursor over this warp's items in (row group, step) order; moving one step advances the
+  // block by 2 k-tiles (2 * N * 2 blocks), a new row group restarts from its first k-tile.
+  struct Cursor {
+    int rg, step;
+    uint32_t block;  // tiled64 block index of this lane's block (the launcher checks < 2^31 words)
+    bool row_ok;
+  };
+  const uint32_t step_blocks = uint32_t(4 * N);
+  auto cursor_at = [&](int item) {
+    Cursor cur;
+    cur.rg = item / steps;
+    cur.step = item - cur.rg * steps;
+    const int64_t n = (group0 + cur.rg) * 8 + g;
+    cur.row_ok = n < N;
+    cur.block = uint32_t(((2 * int64_t(cur.step) + (c >> 1)) * N + n) * kTileBlocks + (c & 1));
+    return cur;
+  };
+  auto advance = [&](Cursor& cur) {
+    if (++cur.step == steps) {
+      cur.step = 0;
+      cur.rg++;
+      const int64_t n = (group0 + cur.rg) * 8 + g;
+      cur.row_ok = n < N;
+      cur.block = uint32_t((int64_t(c >> 1) * N + n) * kTileBlocks + (c & 1));
+    } else {
+      cur.block += step_blocks;
+    }
+  };
+  auto valid = [&](const Cursor& cur) { return cur.row_ok && 2 * cur.step + (c >> 1) < KT; };
 
   // 1. Put this warp's first kDepth items in flight before anything else.
-  auto block_of = [&](int item, bool& valid) -> int64_t {
-    const int rg = item / steps, step = item - rg * steps;
-    const int64_t n = (group0 + rg) * 8 + g;
-    const int64_t kt = 2 * int64_t(step) + (c >> 1);
-    valid = item < item_end && n < N && kt < KT;
-    return (kt * N + n) * kTileBlocks + (c & 1);
-  };
-  Item<K_BITS> ring[kDepth];
+  Item<K_BITS> ring[kDepth<K_BITS>];
+  Cursor load_cur = cursor_at(item0);
 #pragma unroll
-  for (int d = 0; d < kDepth; d++) {
-    bool valid;
-    const int64_t blk = block_of(item0 + d, valid);
-    load_item(ring[d], packed, absmax, absmax_format, blk, valid);
+  for (int d = 0; d < kDepth<K_BITS>; d++) {
+    load_item(ring[d], packed, absmax, absmax_format, load_cur.block, d < n_items && valid(load_cur));
+    advance(load_cur);
   }
 
-  // 2. Tables, staged x, zeroed accumulator.
+  // 2. Codebook table, staged x, zeroed accumulator.
   if constexpr (K_BITS == 5) {
-    if (threadIdx.x < 32) reinterpret_cast<float*>(table)[threadIdx.x] = codebook[threadIdx.x];
+    if (threadIdx.x < 32) reinterpret_cast<float*>(smem)[threadIdx.x] = codebook[threadIdx.x];
   } else {
+    // entry e of lane L at word e * 32 + L: 4 lanes (16 bytes) per store
     constexpr int entries = table_bytes<K_BITS>() / 128;
     constexpr int field = K_BITS == 2 ? 2 : 4;
-    for (int i = threadIdx.x; i < entries * 32; i += kThreadsPerCta) {
-      const int e = i >> 5;
-      const float lo = codebook[e & ((1 << field) - 1) & ((1 << K_BITS) - 1)];
-      const float hi = codebook[(e >> field) & ((1 << K_BITS) - 1)];
-      reinterpret_cast<uint32_t*>(table)[i] = Pair<T>::pack(lo, hi);
+    constexpr int cmask = (1 << K_BITS) - 1;
+    for (int i = threadIdx.x; i < entries * 8; i += kThreadsPerCta) {
+      const int e = i >> 3;
+      const uint32_t v = Pair<T>::pack(codebook[e & ((1 << field) - 1) & cmask], codebook[(e >> field) & cmask]);
+      reinterpret_cast<uint4*>(smem)[i] = make_uint4(v, v, v, v);
     }
   }
   {
@@ -288,43 +312,51 @@ __global__ void __launch_bounds__(kThreadsPerCta) mma_kernel(
   for (int i = threadIdx.x; i < rg_per_cta * M * 8; i += kThreadsPerCta) acc_s[i] = 0.f;
   __syncthreads();
 
-  // 3. Main loop over this warp's items, loads kDepth items ahead.
-  const char* my_table = K_BITS == 5 ? table : table + lane * 4;
+  // 3. Main loop over this warp's items, loads kDepth items ahead. Two accumulators halve the
+  // chain of dependent MMAs per item.
+  const uint32_t lane4 = K_BITS == 5 ? 0u : uint32_t(lane) * 4u;
   const T* xa = xs + size_t(g) * x_row + c * 4;         // A rows g and g + 8
   const bool a_lo = g < M, a_hi = M16 && g + 8 < M;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  int cur_rg = item0 < item_end ? item0 / steps : 0;
+  float acc[2][4] = {};
   auto flush = [&](int rg) {
     float* dst = acc_s + (size_t(rg) * M) * 8 + 2 * c;
-    if (a_lo) { atomicAdd(dst + g * 8, acc[0]); atomicAdd(dst + g * 8 + 1, acc[1]); }
-    if (a_hi) { atomicAdd(dst + (g + 8) * 8, acc[2]); atomicAdd(dst + (g + 8) * 8 + 1, acc[3]); }
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-  };
-  for (int base = item0; base < item_end; base += kDepth) {
+    if (a_lo) {
+      atomicAdd(dst + g * 8, acc[0][0] + acc[1][0]);
+      atomicAdd(dst + g * 8 + 1, acc[0][1] + acc[1][1]);
+    }
+    if (a_hi) {
+      atomicAdd(dst + (g + 8) * 8, acc[0][2] + acc[1][2]);
+      atomicAdd(dst + (g + 8) * 8 + 1, acc[0][3] + acc[1][3]);
+    }
 #pragma unroll
-    for (int d = 0; d < kDepth; d++) {
-      const int item = base + d;
-      if (item < item_end) {
-        const Item<K_BITS> cur = ring[d];
-        bool valid;
-        const int64_t blk = block_of(item + kDepth, valid);
-        if (item + kDepth < item_end) load_item(ring[d], packed, absmax, absmax_format, blk, valid);
-        const int rg = item / steps, step = item - rg * steps;
-        if (rg != cur_rg) { flush(cur_rg); cur_rg = rg; }
+    for (int i = 0; i < 4; i++) acc[0][i] = acc[1][i] = 0.f;
+  };
+  Cursor cur = cursor_at(item0);
+  for (int base = 0; base < n_items; base += kDepth<K_BITS>) {
+#pragma unroll
+    for (int d = 0; d < kDepth<K_BITS>; d++) {
+      if (base + d < n_items) {
+        const Item<K_BITS> it = ring[d];
+        if (base + d + kDepth<K_BITS> < n_items) {
+          load_item(ring[d], packed, absmax, absmax_format, load_cur.block, valid(load_cur));
+          advance(load_cur);
+        }
         uint32_t bf[16];
-        decode<T, K_BITS>(cur, absmax_format, my_table, bf);
-        const T* xrow = xa + step * (8 * 16);
+        decode<T, K_BITS>(it, absmax_format, table, lane4, bf);
+        const T* xrow = xa + cur.step * (8 * 16);
 #pragma unroll
         for (int s = 0; s < 8; s++) {
           uint2 lo = make_uint2(0u, 0u), hi = make_uint2(0u, 0u);
           if (a_lo) lo = *reinterpret_cast<const uint2*>(xrow + s * 16);
           if (a_hi) hi = *reinterpret_cast<const uint2*>(xrow + 8 * x_row + s * 16);
-          mma16816<T>(acc, lo.x, hi.x, lo.y, hi.y, bf[2 * s], bf[2 * s + 1]);
+          mma16816<T>(acc[s & 1], lo.x, hi.x, lo.y, hi.y, bf[2 * s], bf[2 * s + 1]);
         }
+        const int rg = cur.rg;
+        advance(cur);
+        if (cur.rg != rg || base + d + 1 == n_items) flush(rg);
       }
     }
   }
-  if (item0 < item_end) flush(cur_rg);
   __syncthreads();
 
   // 4. Write C.
@@ -353,6 +385,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   const int steps = int(ceil_div(KT, 2));
   const int64_t groups = ceil_div(N, 8);
   if (size_t(M) * (steps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) return cudaErrorInvalidValue;
+  if (KT * kTileBlocks * N * K_BITS >= (int64_t(1) << 31)) return cudaErrorInvalidValue;  // 32-bit indexing
   int device = 0;
   cudaGetDevice(&device);
   const DeviceInfo& dev = device_info(device);

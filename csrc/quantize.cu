@@ -1,23 +1,40 @@
 // quantize: weight [N, K] (fp32/fp16/bf16) -> bit-planes int32 [N, KB, k] + absmax [N, KB].
 //
-// Thread mapping: 4 threads per 32-value block, 8 consecutive values per thread (one 16-byte
-// load for fp16/bf16), so a warp covers 8 blocks = 256 consecutive values of a row and its
-// loads and packed-word stores are contiguous. The block absmax is a max over the 4 lanes
-// (shfl_xor); each lane packs its 8 indices into bits [8q, 8q+8) of the k planes, and an OR
-// over the 4 lanes completes the words. Lane q of a block writes planes q and q + 4.
+// Thread mapping: 2 threads (lanes q = 0, 1) per 32-value block, 16 values per thread, so a
+// warp covers 16 blocks = 512 consecutive values of a row. Lane q holds the block's elements
+// [8q, 8q + 8) and [16 + 8q, 24 + 8q): for fp16/bf16 two 16-byte loads, each of which reads
+// whole 32-byte sectors across the warp. The block absmax is a max over the 2 lanes (one
+// shfl_xor); each lane builds its 16 bits of every plane, one exchange per pair of planes
+// completes the words, and lane q writes planes q, q + 2, q + 4. (16 values per thread halve
+// the per-block work per value: absmax reduction, E4M4 encode, reciprocal, exchange, stores.)
 //
 // Index search: the nearest-entry rule (float32 |x - c|, ties to the lower index; see
 // kbit/reference.py: nearest_index) is a step function of x with 2**k - 1 steps, because the
 // codebook is sorted and its entries are >= 2^-20 apart (so no two rounded distances on one
-// side of x can tie). Each CTA computes the exact float32 step positions once (thresholds in
-// shared memory: 32 banks, conflict-free) and each value needs only a k-step binary search:
-// about half the instructions of a search over the codebook followed by distance checks.
+// side of x can tie). Each CTA computes the exact float32 step positions once (thresholds);
+// the index of x is the number of thresholds <= x. A bucket table (kBuckets uniform buckets
+// over [-2, 2]) holds, per bucket, the number of thresholds in lower buckets. The bucket
+// function is monotone, so those thresholds are all < x and those in higher buckets all > x:
+// when no bucket holds two thresholds (nf: >= 0.036 apart at k = 5, buckets are 1/64 wide)
+// one comparison with the next threshold settles the index. Codebooks with closer thresholds
+// (CTA-uniform flag `dense`) walk the thresholds of the bucket instead: exact, only slower.
+// Shared loads per value: the bucket byte (~1.2 wavefronts per warp on Gaussian blocks), the
+// threshold and the spread word (<= 32 distinct words: conflict-free).
+//
+// Planes: spread[i] holds bit b of i at bit 8b (b < 4). Summing spread[idx_j] << j over the 8
+// values of one run of a lane gives, in byte b, plane b's 8 bits for those elements; byte
+// permutes put the two runs and the two lanes' bytes in place. k = 5: bit 4 of the index is
+// x >= thresholds[15], accumulated straight into a 16-bit half.
+//
+// Division: IEEE for fp16/fp32 absmax; for E4M4 a per-block reciprocal (divide_e4m4), which
+// is exact for every input (scripts/check_reciprocal.py). ~17 instructions per value at k = 4.
 #include "common.cuh"
 
 namespace kbit {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kBuckets = 256;  // over x in [-2, 2]: 1/64 wide
 
 // d(x, c) = |x - c| rounded to float32, as the reference computes it.
 __device__ __forceinline__ float dist(float x, float c) { return fabsf(x - c); }
@@ -46,6 +63,76 @@ __device__ float decision_threshold(float lo, float hi) {
   return from_order_key(int32_t(above));
 }
 
+// Bucket of x in [0, kBuckets]: round(kBuckets * sat(x / 4 + 1/2)), read from the bits of
+// 2^23 + bucket. Two FMAs; the .sat clamp also sends NaN to bucket 0, so every float gives an
+// in-range bucket. The table is built with this same function, so the search needs it to be
+// monotone only (each step is one rounding of a monotone function), not exact.
+__device__ __forceinline__ uint32_t bucket_of(float x) {
+  const float u = __saturatef(__fmaf_rn(x, 0.25f, 0.5f));
+  return __float_as_uint(__fmaf_rn(u, float(kBuckets), 0x1p23f)) - 0x4B000000u;
+}
+
+// Element at byte offset `off` of a shared array: the bucket table stores byte offsets, which
+// saves a scaling instruction per lookup.
+template <typename E>
+__device__ __forceinline__ E at_byte(const E* a, uint32_t off) {
+  return *reinterpret_cast<const E*>(reinterpret_cast<const char*>(a) + off);
+}
+
+// max(a, b) that propagates NaN (fmaxf drops it): the block absmax then flags NaN and Inf
+// without a test per value.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// x = RN(w / s) for an E4M4 scale s = d * 2^t without an IEEE division per value (~10
+// instructions): the caller passes w' = w * 2^-t and y = RN(1 / d), then
+//   q0 = RN(w' y),  r = fma(-q0, d, w') = RN(w' - q0 d),  x = fma(r, y, q0).
+// Exactness (scripts/check_reciprocal.py): for |w'| >= 2^-66 every intermediate is normal or
+// 0, so the outcome depends only on the significands of w' and d (16 for E4M4 values, the
+// subnormal codes included) and all 16 * 2^23 pairs give x == RN(w' / d) == RN(w / s).
+// (w * 2^-t is exact unless subnormal, which is below that bound.) For |w'| < 2^-66 both x and
+// RN(w / s) are <= 2^-48 in magnitude, and all such x have the index of 0: entries with
+// |c| >= 2^-22 have ulp >= 2^-45, so RN(|x - c|) = |c|; at most one entry has |c| < 2^-22 (the
+// 2^-20 gap rule), and its distance (< 2^-21) beats every other (> 2^-21). So no distance
+// depends on x. d = 0 comes with y = 0, which gives x = 0 for any finite w'.
+__device__ __forceinline__ float divide_e4m4(float w, float d, float y) {
+  const float q0 = __fmul_rn(w, y);
+  return __fmaf_rn(__fmaf_rn(-q0, d, w), y, q0);
+}
+
+// Index of x (number of thresholds <= x) as the byte offset 4 * index. thresholds[n - 1] is
+// NaN, so the comparison never moves past the last entry.
+template <bool DENSE>
+__device__ __forceinline__ uint32_t index_offset(float x, const uint8_t* bucket_start,
+                                                 const float* thresholds) {
+  uint32_t off = bucket_start[bucket_of(x)];
+  if (DENSE) {
+    while (at_byte(thresholds, off) <= x) off += 4;
+  } else if (at_byte(thresholds, off) <= x) {
+    off += 4;
+  }
+  return off;
+}
+
+// This lane's 16 indices as plane bits: runs[r] byte b = plane b bits of run r (values
+// 8r .. 8r + 7), planes 0..3; bit4 = plane 4 bits of all 16 values (k = 5).
+template <int K_BITS, bool DENSE>
+__device__ __forceinline__ void index_bits(const float (&x)[16], const uint8_t* bucket_start,
+                                           const float* thresholds, const uint32_t* spread,
+                                           uint32_t (&runs)[2], uint32_t& bit4) {
+  const float top = thresholds[(1 << K_BITS) / 2 - 1];  // k = 5: index >= 16 iff x >= top
+  runs[0] = runs[1] = bit4 = 0;
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    const uint32_t off = index_offset<DENSE>(x[j], bucket_start, thresholds);
+    runs[j >> 3] += at_byte(spread, off) << (j & 7);  // disjoint bits: + is |
+    if (K_BITS == 5) bit4 |= uint32_t(x[j] >= top) << j;
+  }
+}
+
 __device__ __forceinline__ bool absmax_in_range(float a, int format) {
   if (a == 0.f) return true;
   if (format == KBIT_ABSMAX_E4M4) return a >= 0x1p-14f && a <= 31.f;
@@ -60,57 +147,79 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     int32_t* __restrict__ packed, void* __restrict__ absmax, int32_t* __restrict__ status,
     FastDivmod blocks_per_row, uint32_t total_blocks) {
   constexpr int n_entries = 1 << K_BITS;
-  __shared__ float thresholds[n_entries];  // thresholds[j - 1] separates entries j - 1 and j
-  if (threadIdx.x + 1 < n_entries) {
-    const float lo = codebook[threadIdx.x], hi = codebook[threadIdx.x + 1];
-    // The step-function search is exact only for valid codebooks (docs/format.md); the host
-    // does not look at the codebook (no sync), so the kernel reports a bad one.
-    const bool valid = hi - lo >= 0x1p-20f && lo >= -1.f && hi <= 1.f;  // false on NaN
-    if (!valid && blockIdx.x == 0 && blockIdx.y == 0) atomicOr(&status[2], 1);
-    thresholds[threadIdx.x] = valid ? decision_threshold(lo, hi) : 0.f;
+  __shared__ float thresholds[n_entries];  // [j - 1] separates entries j - 1 and j; [n - 1] NaN
+  __shared__ uint32_t spread[n_entries];   // bit b < 4 of i at bit 8b
+  __shared__ uint8_t bucket_start[kBuckets + 1];  // 4 * number of thresholds in lower buckets
+  const int tid = threadIdx.x;
+  if (tid < n_entries) {
+    float t = __int_as_float(0x7fffffff);  // NaN: x >= NaN is false
+    if (tid + 1 < n_entries) {
+      const float lo = codebook[tid], hi = codebook[tid + 1];
+      // The step-function search is exact only for valid codebooks (docs/format.md); the host
+      // does not look at the codebook (no sync), so the kernel reports a bad one.
+      const bool valid = hi - lo >= 0x1p-20f && lo >= -1.f && hi <= 1.f;  // false on NaN
+      if (!valid && blockIdx.x == 0) atomicOr(&status[2], 1);
+      t = valid ? decision_threshold(lo, hi) : 0.f;
+    }
+    thresholds[tid] = t;
+    spread[tid] = (tid & 1) | (tid & 2) << 7 | (tid & 4) << 14 | (tid & 8) << 21;
   }
   __syncthreads();
+  for (int b = tid; b <= kBuckets; b += kThreads) {
+    uint32_t below = 0;
+    for (int i = 0; i + 1 < n_entries; i++) below += bucket_of(thresholds[i]) < uint32_t(b);
+    bucket_start[b] = uint8_t(4 * below);
+  }
+  // Two thresholds in one bucket: one comparison is not enough. (A bad codebook has all
+  // thresholds 0, hence dense, and its indices stay in range.)
+  const bool dense = __syncthreads_or(
+      tid + 2 < n_entries && bucket_of(thresholds[tid]) == bucket_of(thresholds[tid + 1]));
 
-  // Persistent: each CTA strides over chunks of 64 consecutive blocks of the flattened
-  // [N, KB] block index (4 threads per block), so the threshold prologue runs once per CTA.
-  const int q = threadIdx.x & 3;
-  constexpr uint32_t chunk = kThreads / 4;
+  // Persistent: each CTA strides over chunks of 128 consecutive blocks of the flattened
+  // [N, KB] block index (2 threads per block), so the table prologue runs once per CTA.
+  const int q = tid & 1;
+  // Plane word from this lane's pair word and the other lane's: lane 0 takes the low halves
+  // (plane 2p), lane 1 the high halves (plane 2p + 1); bytes in element order.
+  const uint32_t perm = q ? 0x3726u : 0x5140u;
+  constexpr uint32_t chunk = kThreads / 2;
   for (uint32_t base = blockIdx.x * chunk; base < total_blocks; base += gridDim.x * chunk) {
-    const uint32_t blk32 = base + (threadIdx.x >> 2);
+    const uint32_t blk32 = base + (tid >> 1);
     // Threads past the end run along with zeros: they take part in the shuffles only.
     const bool in_row = blk32 < total_blocks;
     const uint32_t n = blocks_per_row.div(blk32);
     const int64_t kb = blk32 - n * blocks_per_row.d;
-    const int64_t col0 = kb * kBlock + q * 8;
-    float w[8];
+    const int64_t col0 = kb * kBlock + 8 * q;  // value j is element 8q + j % 8 + 16 (j / 8)
+    float w[16];
     if (VEC && in_row) {
-      // 8 values = 16 bytes (fp16/bf16) or 32 bytes (fp32); K % 32 == 0 and alignment are
-      // checked by the launcher.
+      // K % 32 == 0 and 16-byte alignment are checked by the launcher.
       const T* src = weight + int64_t(n) * ld + col0;
       if constexpr (sizeof(T) == 2) {
-        uint4 v = *reinterpret_cast<const uint4*>(src);
-        const T* h = reinterpret_cast<const T*>(&v);
+        const uint4 v[2] = {*reinterpret_cast<const uint4*>(src),
+                            *reinterpret_cast<const uint4*>(src + 16)};
+        const T* h = reinterpret_cast<const T*>(v);
 #pragma unroll
-        for (int j = 0; j < 8; j++) w[j] = to_float(h[j]);
+        for (int j = 0; j < 16; j++) w[j] = to_float(h[j]);
       } else {
-        float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+        const float4* s = reinterpret_cast<const float4*>(src);
+        const float4 v[4] = {s[0], s[1], s[4], s[5]};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          w[4 * i] = v[i].x; w[4 * i + 1] = v[i].y; w[4 * i + 2] = v[i].z; w[4 * i + 3] = v[i].w;
+        }
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; j++)
-        w[j] = (in_row && col0 + j < K) ? to_float(weight[int64_t(n) * ld + col0 + j]) : 0.f;
+      for (int j = 0; j < 16; j++) {
+        const int64_t col = col0 + (j & 7) + 16 * (j >> 3);
+        w[j] = (in_row && col < K) ? to_float(weight[int64_t(n) * ld + col]) : 0.f;
+      }
     }
 
     float amax = 0.f;
-    bool finite = true;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-      finite &= isfinite(w[j]);
-      amax = fmaxf(amax, fabsf(w[j]));
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    for (int j = 0; j < 16; j++) amax = max_nan(amax, fabsf(w[j]));
+    amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    const bool finite = amax <= 3.402823466e38f;  // false on Inf and NaN
 
     // Per-tensor power-of-two shift (exact), then round to the stored format.
     float shifted = amax * shift_down;
@@ -119,51 +228,52 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     if (in_row && q == 0 && !in_range && finite) atomicOr(&status[1], 1);
     if (!in_range) shifted = 0.f;
 
+    // x = w / scale in place (reference: x = 0 for a zero scale).
     const int64_t blk = blk32;
-    float stored;
     if (absmax_format == KBIT_ABSMAX_E4M4) {
-      uint32_t code = e4m4_encode(shifted);
-      stored = e4m4_decode(code);
+      const uint32_t code = e4m4_encode(shifted);
+      const float d = e4m4_decode(code);
       if (in_row && q == 0) static_cast<uint8_t*>(absmax)[blk] = uint8_t(code);
-    } else if (absmax_format == KBIT_ABSMAX_F16) {
-      __half h = __float2half_rn(shifted);
-      stored = __half2float(h);
-      if (in_row && q == 0) static_cast<__half*>(absmax)[blk] = h;
+      const float y = d > 0.f ? __frcp_rn(d) : 0.f;
+      if (shift_down != 1.f) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) w[j] *= shift_down;  // exact unless subnormal: see divide_e4m4
+      }
+#pragma unroll
+      for (int j = 0; j < 16; j++) w[j] = divide_e4m4(w[j], d, y);
     } else {
-      stored = shifted;
-      if (in_row && q == 0) static_cast<float*>(absmax)[blk] = shifted;
+      float stored;
+      if (absmax_format == KBIT_ABSMAX_F16) {
+        const __half h = __float2half_rn(shifted);
+        stored = __half2float(h);
+        if (in_row && q == 0) static_cast<__half*>(absmax)[blk] = h;
+      } else {
+        stored = shifted;
+        if (in_row && q == 0) static_cast<float*>(absmax)[blk] = shifted;
+      }
+      const float scale = stored * shift_up;
+      // IEEE division (no fast-math). |x| <= 1.5 for any in-range block (the stored scale
+      // rounds absmax by at most that factor); NaN/Inf blocks only need in-range buckets.
+#pragma unroll
+      for (int j = 0; j < 16; j++) w[j] = scale > 0.f ? w[j] / scale : 0.f;
     }
-    const float scale = stored * shift_up;
 
-    uint32_t planes[K_BITS];
+    uint32_t runs[2], bit4;
+    if (dense) index_bits<K_BITS, true>(w, bucket_start, thresholds, spread, runs, bit4);
+    else index_bits<K_BITS, false>(w, bucket_start, thresholds, spread, runs, bit4);
+
+    // This lane's 16-bit halves of planes (2p, 2p + 1) in one word per pair p: bytes
+    // (run 0, run 1) of plane 2p, then of plane 2p + 1.
+    constexpr int n_pairs = (K_BITS + 1) / 2;
+    uint32_t pairs[n_pairs];
+    pairs[0] = __byte_perm(runs[0], runs[1], 0x5140);
+    if (n_pairs > 1) pairs[1] = __byte_perm(runs[0], runs[1], 0x7362);
+    if (n_pairs > 2) pairs[2] = bit4;
+    int32_t* dst = packed + blk * K_BITS;
 #pragma unroll
-    for (int b = 0; b < K_BITS; b++) planes[b] = 0;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      // IEEE division (no fast-math). |x| <= 1.5 for any in-range block (the scale rounds
-      // absmax by at most that factor); the clamp only keeps NaN/Inf blocks well defined.
-      float x = scale > 0.f ? w[j] / scale : 0.f;
-      x = fminf(fmaxf(x, -2.f), 2.f);
-      // idx = number of thresholds <= x: branchless binary search over n_entries - 1 values
-      uint32_t idx = 0;
-#pragma unroll
-      for (int s = n_entries / 2; s >= 1; s /= 2)
-        if (thresholds[idx + s - 1] <= x) idx += s;
-#pragma unroll
-      for (int b = 0; b < K_BITS; b++) planes[b] |= ((idx >> b) & 1u) << j;  // constant shifts
-    }
-#pragma unroll
-    for (int b = 0; b < K_BITS; b++) planes[b] <<= 8 * q;  // this lane's byte of each plane
-#pragma unroll
-    for (int b = 0; b < K_BITS; b++) {
-      planes[b] |= __shfl_xor_sync(0xffffffffu, planes[b], 1);
-      planes[b] |= __shfl_xor_sync(0xffffffffu, planes[b], 2);
-    }
-    if (in_row) {
-      int32_t* dst = packed + blk * K_BITS;
-#pragma unroll
-      for (int b = 0; b < K_BITS; b++)
-        if ((b & 3) == q) dst[b] = int32_t(planes[b]);
+    for (int p = 0; p < n_pairs; p++) {
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, pairs[p], 1);
+      if (in_row && 2 * p + q < K_BITS) dst[2 * p + q] = int32_t(__byte_perm(pairs[p], other, perm));
     }
   }
 }
@@ -175,7 +285,7 @@ cudaError_t launch_typed(cudaStream_t stream, const void* weight, int64_t N, int
   const int64_t KB = ceil_div(K, kBlock);
   const int64_t total = N * KB;
   if (total >= (int64_t(1) << 32) - kThreads) return cudaErrorInvalidValue;
-  const int64_t ctas = ceil_div(total, kThreads / 4);
+  const int64_t ctas = ceil_div(total, kThreads / 2);
   const FastDivmod blocks_per_row{uint32_t(KB)};
   const float shift_down = ldexpf(1.f, -absmax_exponent), shift_up = ldexpf(1.f, absmax_exponent);
   const T* w = static_cast<const T*>(weight);
