@@ -28,6 +28,8 @@
 //
 // Division: IEEE for fp16/fp32 absmax; for E4M4 a per-block reciprocal (divide_e4m4), which
 // is exact for every input (scripts/check_reciprocal.py). ~17 instructions per value at k = 4.
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace kbit {
@@ -63,13 +65,18 @@ __device__ float decision_threshold(float lo, float hi) {
   return from_order_key(int32_t(above));
 }
 
-// Bucket of x in [0, kBuckets]: round(kBuckets * sat(x / 4 + 1/2)), read from the bits of
-// 2^23 + bucket. Two FMAs; the .sat clamp also sends NaN to bucket 0, so every float gives an
-// in-range bucket. The table is built with this same function, so the search needs it to be
-// monotone only (each step is one rounding of a monotone function), not exact.
+// Bucket of x in [0, kBuckets]: round(kBuckets * sat(x / 4 + 1/2)). The .sat clamp also
+// sends NaN to bucket 0, so every float gives an in-range bucket. The product u * 2^-141 is
+// subnormal, and a subnormal's bits are its value in units of 2^-149: here round(256 u), so
+// the bits are the bucket with no conversion instruction (inline PTX: mul.rn.f32 keeps
+// subnormals whatever -ftz says). The table is built with this same function, so the search
+// needs it to be monotone only (each step is one rounding of a monotone function).
 __device__ __forceinline__ uint32_t bucket_of(float x) {
+  static_assert(kBuckets == 256, "the scale 2^-141 is kBuckets * 2^-149");
   const float u = __saturatef(__fmaf_rn(x, 0.25f, 0.5f));
-  return __float_as_uint(__fmaf_rn(u, float(kBuckets), 0x1p23f)) - 0x4B000000u;
+  float v;
+  asm("mul.rn.f32 %0, %1, 0f09800000;" : "=f"(v) : "f"(u));  // 0x09800000 = 2^-141
+  return __float_as_uint(v);
 }
 
 // Element at byte offset `off` of a shared array: the bucket table stores byte offsets, which
@@ -103,41 +110,70 @@ __device__ __forceinline__ float divide_e4m4(float w, float d, float y) {
   return __fmaf_rn(__fmaf_rn(-q0, d, w), y, q0);
 }
 
-// Index of x (number of thresholds <= x) as the byte offset 4 * index. thresholds[n - 1] is
-// NaN, so the comparison never moves past the last entry.
-template <bool DENSE>
-__device__ __forceinline__ uint32_t index_offset(float x, const uint8_t* bucket_start,
-                                                 const float* thresholds) {
-  uint32_t off = bucket_start[bucket_of(x)];
-  if (DENSE) {
-    while (at_byte(thresholds, off) <= x) off += 4;
-  } else if (at_byte(thresholds, off) <= x) {
-    off += 4;
-  }
-  return off;
-}
+// The search tables of a CTA (shared memory).
+template <int K_BITS>
+struct SearchTables {
+  const float* thresholds;      // [j - 1] separates entries j - 1 and j; [n - 1] is NaN
+  const uint32_t* spread;       // bit b < 4 of i at bit 8b
+  const uint8_t* bucket_start;  // 4 * number of thresholds in lower buckets
 
-// This lane's 16 indices as plane bits: runs[r] byte b = plane b bits of run r (values
-// 8r .. 8r + 7), planes 0..3; bit4 = plane 4 bits of all 16 values (k = 5).
-template <int K_BITS, bool DENSE>
-__device__ __forceinline__ void index_bits(const float (&x)[16], const uint8_t* bucket_start,
-                                           const float* thresholds, const uint32_t* spread,
-                                           uint32_t (&runs)[2], uint32_t& bit4) {
-  const float top = thresholds[(1 << K_BITS) / 2 - 1];  // k = 5: index >= 16 iff x >= top
-  runs[0] = runs[1] = bit4 = 0;
+  // Index of x (number of thresholds <= x) as the byte offset 4 * index. The NaN last
+  // threshold stops the comparison at the last entry.
+  template <bool DENSE>
+  __device__ __forceinline__ uint32_t index_offset(float x) const {
+    uint32_t off = bucket_start[bucket_of(x)];
+    if (DENSE) {
+      while (at_byte(thresholds, off) <= x) off += 4;
+    } else if (at_byte(thresholds, off) <= x) {
+      off += 4;
+    }
+    return off;
+  }
+
+  // A lane's 16 indices as plane bits: runs[r] byte b = plane b's bits of run r (values
+  // 8r .. 8r + 7), planes 0..3; bit4 = plane 4's bits of all 16 values (k = 5).
+  template <bool DENSE>
+  __device__ __forceinline__ void index_bits(const float (&x)[16], uint32_t (&runs)[2],
+                                             uint32_t& bit4) const {
+    const float top = thresholds[(1 << K_BITS) / 2 - 1];  // k = 5: index >= 16 iff x >= top
+    runs[0] = runs[1] = bit4 = 0;
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
-    const uint32_t off = index_offset<DENSE>(x[j], bucket_start, thresholds);
-    runs[j >> 3] += at_byte(spread, off) << (j & 7);  // disjoint bits: + is |
-    if (K_BITS == 5) bit4 |= uint32_t(x[j] >= top) << j;
+    for (int j = 0; j < 16; j++) {
+      const uint32_t off = index_offset<DENSE>(x[j]);
+      runs[j >> 3] += at_byte(spread, off) << (j & 7);  // disjoint bits: + is |
+      if (K_BITS == 5) bit4 |= uint32_t(x[j] >= top) << j;
+    }
   }
+};
+
+// e4m4_encode (common.cuh) for v in [0, 31] in ~9 integer/FMA instructions instead of
+// frexpf and rintf: normal codes round the float32 to 4 fraction bits, ties to even (a carry
+// moves into the exponent field, as a code's m == 16 carries into e); subnormal codes are
+// rint(v * 2^14), read from the bits of 2^23 + v * 2^14. Checked against kbit.format for
+// every float32 in [0, 31] (scripts/emulate_quantize.py).
+__device__ __forceinline__ uint32_t e4m4_code(float v) {
+  const uint32_t b = __float_as_uint(v);
+  const uint32_t normal = ((b + 0x3FFFFu + ((b >> 19) & 1u)) >> 19) - (116u << 4);
+  const uint32_t sub = __float_as_uint(__fmaf_rn(v, 0x1p14f, 0x1p23f)) - 0x4B000000u;
+  return v < 0x1p-10f ? sub : normal;
 }
 
-__device__ __forceinline__ bool absmax_in_range(float a, int format) {
-  if (a == 0.f) return true;
-  if (format == KBIT_ABSMAX_E4M4) return a >= 0x1p-14f && a <= 31.f;
-  if (format == KBIT_ABSMAX_F16) return a >= 0x1p-24f && a <= 65504.f;
-  return a <= 3.402823466e38f;
+// max |w| over a lane's 16 values, NaN if any is NaN. fp16/bf16: two values per instruction
+// (exact: a max of values of the type).
+template <typename T>
+__device__ __forceinline__ float lane_absmax(const float (&w)[16], const T (&h)[16]) {
+  if constexpr (sizeof(T) == 2) {
+    using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
+    T2 m = __habs2(T2{h[0], h[1]});
+#pragma unroll
+    for (int j = 2; j < 16; j += 2) m = __hmax2_nan(m, __habs2(T2{h[j], h[j + 1]}));
+    return max_nan(to_float(m.x), to_float(m.y));
+  } else {
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) m = max_nan(m, fabsf(w[j]));
+    return m;
+  }
 }
 
 template <typename T, int K_BITS, bool VEC>
@@ -146,10 +182,13 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     const float* __restrict__ codebook, int absmax_format, float shift_down, float shift_up,
     int32_t* __restrict__ packed, void* __restrict__ absmax, int32_t* __restrict__ status,
     FastDivmod blocks_per_row, uint32_t total_blocks) {
+  static_assert(kThreads >= 256, "one thread per E4M4 code");
   constexpr int n_entries = 1 << K_BITS;
-  __shared__ float thresholds[n_entries];  // [j - 1] separates entries j - 1 and j; [n - 1] NaN
-  __shared__ uint32_t spread[n_entries];   // bit b < 4 of i at bit 8b
-  __shared__ uint8_t bucket_start[kBuckets + 1];  // 4 * number of thresholds in lower buckets
+  __shared__ float thresholds[n_entries];
+  __shared__ uint32_t spread[n_entries];
+  __shared__ uint8_t bucket_start[kBuckets + 1];
+  __shared__ float2 e4m4_scale[256];  // code -> (decoded d, RN(1 / d) or 0)
+  const SearchTables<K_BITS> tab{thresholds, spread, bucket_start};
   const int tid = threadIdx.x;
   if (tid < n_entries) {
     float t = __int_as_float(0x7fffffff);  // NaN: x >= NaN is false
@@ -164,6 +203,10 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     thresholds[tid] = t;
     spread[tid] = (tid & 1) | (tid & 2) << 7 | (tid & 4) << 14 | (tid & 8) << 21;
   }
+  if (tid < 256) {
+    const float d = e4m4_decode(tid);
+    e4m4_scale[tid] = make_float2(d, tid ? __frcp_rn(d) : 0.f);
+  }
   __syncthreads();
   for (int b = tid; b <= kBuckets; b += kThreads) {
     uint32_t below = 0;
@@ -175,81 +218,84 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
   const bool dense = __syncthreads_or(
       tid + 2 < n_entries && bucket_of(thresholds[tid]) == bucket_of(thresholds[tid + 1]));
 
-  // Persistent: each CTA strides over chunks of 128 consecutive blocks of the flattened
-  // [N, KB] block index (2 threads per block), so the table prologue runs once per CTA.
+  // Range of the stored format for a nonzero block absmax (after the per-tensor shift).
+  const float range_lo = absmax_format == KBIT_ABSMAX_E4M4  ? 0x1p-14f
+                         : absmax_format == KBIT_ABSMAX_F16 ? 0x1p-24f : 0.f;
+  const float range_hi = absmax_format == KBIT_ABSMAX_E4M4  ? 31.f
+                         : absmax_format == KBIT_ABSMAX_F16 ? 65504.f : 3.402823466e38f;
   const int q = tid & 1;
   // Plane word from this lane's pair word and the other lane's: lane 0 takes the low halves
   // (plane 2p), lane 1 the high halves (plane 2p + 1); bytes in element order.
   const uint32_t perm = q ? 0x3726u : 0x5140u;
+  // Persistent: each CTA strides over chunks of 128 consecutive blocks of the flattened
+  // [N, KB] block index (2 threads per block), so the table prologue runs once per CTA.
   constexpr uint32_t chunk = kThreads / 2;
   for (uint32_t base = blockIdx.x * chunk; base < total_blocks; base += gridDim.x * chunk) {
     const uint32_t blk32 = base + (tid >> 1);
-    // Threads past the end run along with zeros: they take part in the shuffles only.
+    // Threads past the end redo the last block (no zero-filling branch) and store nothing.
     const bool in_row = blk32 < total_blocks;
-    const uint32_t n = blocks_per_row.div(blk32);
-    const int64_t kb = blk32 - n * blocks_per_row.d;
+    const uint32_t blk_in = in_row ? blk32 : total_blocks - 1;
+    const uint32_t n = blocks_per_row.div(blk_in);
+    const int64_t kb = blk_in - n * blocks_per_row.d;
     const int64_t col0 = kb * kBlock + 8 * q;  // value j is element 8q + j % 8 + 16 (j / 8)
-    float w[16];
-    if (VEC && in_row) {
+    const T* src = weight + int64_t(n) * ld + col0;
+    T h[16];
+    if (VEC) {
       // K % 32 == 0 and 16-byte alignment are checked by the launcher.
-      const T* src = weight + int64_t(n) * ld + col0;
       if constexpr (sizeof(T) == 2) {
-        const uint4 v[2] = {*reinterpret_cast<const uint4*>(src),
-                            *reinterpret_cast<const uint4*>(src + 16)};
-        const T* h = reinterpret_cast<const T*>(v);
-#pragma unroll
-        for (int j = 0; j < 16; j++) w[j] = to_float(h[j]);
+        reinterpret_cast<uint4*>(h)[0] = *reinterpret_cast<const uint4*>(src);
+        reinterpret_cast<uint4*>(h)[1] = *reinterpret_cast<const uint4*>(src + 16);
       } else {
         const float4* s = reinterpret_cast<const float4*>(src);
-        const float4 v[4] = {s[0], s[1], s[4], s[5]};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          w[4 * i] = v[i].x; w[4 * i + 1] = v[i].y; w[4 * i + 2] = v[i].z; w[4 * i + 3] = v[i].w;
-        }
+        reinterpret_cast<float4*>(h)[0] = s[0];
+        reinterpret_cast<float4*>(h)[1] = s[1];
+        reinterpret_cast<float4*>(h)[2] = s[4];
+        reinterpret_cast<float4*>(h)[3] = s[5];
       }
     } else {
 #pragma unroll
       for (int j = 0; j < 16; j++) {
-        const int64_t col = col0 + (j & 7) + 16 * (j >> 3);
-        w[j] = (in_row && col < K) ? to_float(weight[int64_t(n) * ld + col]) : 0.f;
+        const int64_t e = (j & 7) + 16 * (j >> 3);
+        h[j] = col0 + e < K ? src[e] : from_float<T>(0.f);
       }
     }
-
-    float amax = 0.f;
+    float w[16];
 #pragma unroll
-    for (int j = 0; j < 16; j++) amax = max_nan(amax, fabsf(w[j]));
+    for (int j = 0; j < 16; j++) w[j] = to_float(h[j]);
+
+    float amax = lane_absmax<T>(w, h);
     amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     const bool finite = amax <= 3.402823466e38f;  // false on Inf and NaN
 
     // Per-tensor power-of-two shift (exact), then round to the stored format.
     float shifted = amax * shift_down;
-    const bool in_range = absmax_in_range(shifted, absmax_format);
+    const bool in_range = shifted == 0.f || (shifted >= range_lo && shifted <= range_hi);
     if (!finite) atomicOr(&status[0], 1);
     if (in_row && q == 0 && !in_range && finite) atomicOr(&status[1], 1);
     if (!in_range) shifted = 0.f;
 
     // x = w / scale in place (reference: x = 0 for a zero scale).
     const int64_t blk = blk32;
+    const bool writer = in_row && q == 0;
     if (absmax_format == KBIT_ABSMAX_E4M4) {
-      const uint32_t code = e4m4_encode(shifted);
-      const float d = e4m4_decode(code);
-      if (in_row && q == 0) static_cast<uint8_t*>(absmax)[blk] = uint8_t(code);
-      const float y = d > 0.f ? __frcp_rn(d) : 0.f;
+      const uint32_t code = e4m4_code(shifted);
+      const float2 dy = e4m4_scale[code];
+      if (writer) static_cast<uint8_t*>(absmax)[blk] = uint8_t(code);
       if (shift_down != 1.f) {
 #pragma unroll
         for (int j = 0; j < 16; j++) w[j] *= shift_down;  // exact unless subnormal: see divide_e4m4
       }
 #pragma unroll
-      for (int j = 0; j < 16; j++) w[j] = divide_e4m4(w[j], d, y);
+      for (int j = 0; j < 16; j++) w[j] = divide_e4m4(w[j], dy.x, dy.y);
     } else {
       float stored;
       if (absmax_format == KBIT_ABSMAX_F16) {
-        const __half h = __float2half_rn(shifted);
-        stored = __half2float(h);
-        if (in_row && q == 0) static_cast<__half*>(absmax)[blk] = h;
+        const __half a = __float2half_rn(shifted);
+        stored = __half2float(a);
+        if (writer) static_cast<__half*>(absmax)[blk] = a;
       } else {
         stored = shifted;
-        if (in_row && q == 0) static_cast<float*>(absmax)[blk] = shifted;
+        if (writer) static_cast<float*>(absmax)[blk] = shifted;
       }
       const float scale = stored * shift_up;
       // IEEE division (no fast-math). |x| <= 1.5 for any in-range block (the stored scale
@@ -259,8 +305,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(
     }
 
     uint32_t runs[2], bit4;
-    if (dense) index_bits<K_BITS, true>(w, bucket_start, thresholds, spread, runs, bit4);
-    else index_bits<K_BITS, false>(w, bucket_start, thresholds, spread, runs, bit4);
+    if (dense) tab.template index_bits<true>(w, runs, bit4);
+    else tab.template index_bits<false>(w, runs, bit4);
 
     // This lane's 16-bit halves of planes (2p, 2p + 1) in one word per pair p: bytes
     // (run 0, run 1) of plane 2p, then of plane 2p + 1.

@@ -123,24 +123,24 @@ def main():
         ds = values[sig == m]
         for d in (ds.min(), ds.max()):
             e = int(np.floor(np.log2(F64(d))))
-            run(f"d = {d!r:<14} w in [2^{e}, 2^{e + 1})", binade(e), d, exact=True)
-            run(f"d = {d!r:<14} w in [2^{e - 20}, 2^{e - 19})", binade(e - 20), d, exact=True)
+            run(f"d = {float(d):<14.8g} w in [2^{e}, 2^{e + 1})", binade(e), d, exact=True)
+            run(f"d = {float(d):<14.8g} w in [2^{e - 20}, 2^{e - 19})", binade(e - 20), d, exact=True)
 
     print("part 3: the claim-A boundary, |w'| in [2^-66, 2^-65), largest and smallest d per significand")
     for m in mantissas:
         ds = values[sig == m]
         for d in (ds.min(), ds.max()):
-            run(f"d = {d!r:<14} w in [2^-66, 2^-65)", binade(-66), d, exact=True)
+            run(f"d = {float(d):<14.8g} w in [2^-66, 2^-65)", binade(-66), d, exact=True)
 
     print("part 4 (claim B): |w'| < 2^-66: subnormal w', subnormal quotients, just below the bound")
     for m in mantissas:
         ds = values[sig == m]
         for d in (ds.min(), ds.max()):
             for e in (-67, -126, -149):
-                run(f"d = {d!r:<14} w in binade 2^{e}", binade(e), d, exact=False)
+                run(f"d = {float(d):<14.8g} w in binade 2^{e}", binade(e), d, exact=False)
     zeros = np.array([0.0, -0.0], F32)
     for d in (values.min(), values.max()):
-        run(f"d = {d!r} w = +-0", zeros, d, exact=False)
+        run(f"d = {float(d):.8g} w = +-0", zeros, d, exact=False)
 
     print("zero scale: y = 0 gives x = 0 for any finite w'")
     w = np.concatenate([binade(0), -binade(10), binade(-149)])

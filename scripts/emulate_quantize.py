@@ -1,6 +1,6 @@
 """CPU emulation of the CUDA quantize kernel's arithmetic (csrc/quantize.cu), bit for bit in
 float32, checked against kbit.reference. No GPU needed (exits non-zero on any mismatch):
-    PYTHONPATH=. python scripts/emulate_quantize.py [seed]
+    PYTHONPATH=. python scripts/emulate_quantize.py [seed] [--quick]
 
 Emulated: the decision thresholds (bisection over the float32 order), the bucket table and
 its fix-up step (fast path and the dense-codebook loop), the E4M4 division by a reciprocal
@@ -12,6 +12,8 @@ exchange). Checked:
      entries at 0, +-2^-21, a subnormal entry) on random values, every midpoint, threshold,
      codebook entry and bucket boundary +-3 ulps, +-0, +-2, +-3 and tiny values (the kernel
      sees |x| <= 1.5; far out, around |x| ~ 2^25, the reference's rounded distances all tie);
+  5. the integer E4M4 encoder (e4m4_code) against kbit.format for every float32 in [0, 31]
+     (skipped with --quick).
   3. the reciprocal division against IEEE division (sampled; the exhaustive proof is
      scripts/check_reciprocal.py) and the claim that all |x| <= 2^-48 share one index;
   4. whole weights: packed words against reference.quantize for every k, input dtype, absmax
@@ -28,7 +30,8 @@ import torch
 
 from check_reciprocal import divide_e4m4, fma32
 from kbit import reference as ref
-from kbit.format import choose_absmax_exponent, decode_absmax, nf_codebook
+from kbit.format import (ABSMAX_RANGE, choose_absmax_exponent, decode_absmax, e4m4_encode,
+                         encode_absmax, nf_codebook)
 
 F32, F64 = np.float32, np.float64
 N_BUCKETS = 256          # bucket = round(256 * sat(x / 4 + 1/2)): x in [-2, 2] in steps of 1/64
@@ -82,10 +85,11 @@ def decision_thresholds(cb):
 
 
 def bucket_of(x):
-    """quantize.cu: bucket_of. Monotone in x; NaN -> bucket 0."""
+    """quantize.cu: bucket_of: the bits of the subnormal sat(x / 4 + 1/2) * 2^-141. Monotone
+    in x; NaN -> bucket 0."""
     u = sat(fma32(x, F32(0.25), F32(0.5)))
-    v = fma32(u, F32(N_BUCKETS), F32(2.0**23))
-    return (v.view(np.uint32) - np.uint32(0x4B000000)).astype(np.int64)
+    v = u * F32(2.0**-141)  # float32 multiply with subnormal result (NumPy keeps subnormals)
+    return v.view(np.uint32).astype(np.int64)
 
 
 class Tables:
@@ -114,7 +118,18 @@ class Tables:
             c = c + step
 
 
-# ----------------------------------------------------------------------------- division
+# ----------------------------------------------------------------------------- E4M4, division
+
+
+def e4m4_code(v):
+    """quantize.cu: e4m4_code, for float32 v in [0, 31]."""
+    v = np.asarray(v, F32)
+    b = v.view(np.uint32)
+    normal = ((b + np.uint32(0x3FFFF) + ((b >> np.uint32(19)) & np.uint32(1))) >> np.uint32(19)) - np.uint32(116 << 4)
+    # fma(v, 2^14, 2^23) = 2^23 + rint(v * 2^14): v * 2^14 < 16 is exact, one rounding to an integer
+    sub = np.rint(v.astype(F64) * 2.0**14).astype(np.uint32)
+    return np.where(v < F32(2.0**-10), sub, normal)
+
 
 
 def divide_ieee(w, scale):
@@ -171,22 +186,26 @@ def pack_planes(idx, k):
 
 
 def quantize(weight, codebook, absmax_format, absmax_exponent):
-    """Emulated kernel output: packed int32 [N, KB, k] (absmax from the reference encoder,
-    which the kernel's e4m4_encode matches already)."""
+    """Emulated kernel output for finite weights: (packed int32 [N, KB, k], stored absmax).
+    fp16/fp32 absmax are plain casts (the reference's)."""
     k = codebook.numel().bit_length() - 1
-    _, stored, _ = ref.quantize(weight, codebook, absmax_format, absmax_exponent)
     n, kdim = weight.shape
     kb = -(-kdim // 32)
     w = np.zeros((n, kb * 32), F32)
     w[:, :kdim] = weight.float().numpy()
     w = w.reshape(n * kb, 32)
-    d = decode_absmax(stored).numpy().reshape(-1, 1)
+    shifted = (np.abs(w).max(1) * F32(2.0**-absmax_exponent)).astype(F32)
+    lo, hi = ABSMAX_RANGE[absmax_format]
+    shifted[~((shifted == 0) | ((shifted >= lo) & (shifted <= hi)))] = 0
     if absmax_format == "e4m4":
-        x = divide_e4m4(w, d, 2.0**-absmax_exponent)
+        stored = torch.from_numpy(e4m4_code(shifted).astype(np.uint8))
+        x = divide_e4m4(w, decode_absmax(stored).numpy()[:, None], 2.0**-absmax_exponent)
     else:
-        x = divide_ieee(w, (d * F32(2.0**absmax_exponent)).astype(F32))
+        stored = encode_absmax(torch.from_numpy(shifted), absmax_format)
+        scale = (decode_absmax(stored).numpy() * F32(2.0**absmax_exponent)).astype(F32)
+        x = divide_ieee(w, scale[:, None])
     idx = Tables(codebook.numpy()).index(x)
-    return torch.from_numpy(pack_planes(idx, k).view(np.int32).reshape(n, kb, k))
+    return torch.from_numpy(pack_planes(idx, k).view(np.int32).reshape(n, kb, k)), stored.view(n, kb)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -299,6 +318,17 @@ def check_division(rng):
     expect(bad == 0, f"reciprocal division == IEEE division, every E4M4 code, exponents 0, +-7..120 ({bad} mismatches)")
 
 
+def check_e4m4_code():
+    """Every float32 in [0, 31] against kbit.format.e4m4_encode (~1 minute)."""
+    top = int(F32(31).view(np.uint32))
+    bad = 0
+    for s in range(0, top + 1, 1 << 24):
+        v = np.arange(s, min(s + (1 << 24), top + 1), dtype=np.uint32).view(F32)
+        got = e4m4_code(v)
+        bad += int((got > 255).sum()) + int((got.astype(np.uint8) != e4m4_encode(torch.from_numpy(v)).numpy()).sum())
+    expect(bad == 0, f"e4m4_code == kbit.format.e4m4_encode for all {top + 1} float32 in [0, 31] ({bad} mismatches)")
+
+
 def check_quantize(rng):
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
     for k in (2, 3, 4, 5):
@@ -315,21 +345,25 @@ def check_quantize(rng):
                     w[0, : min(kdim, 40)] = 0  # an all-zero block
                     for cb in cbs:
                         e = choose_absmax_exponent(ref.block_absmax(w), fmt)
-                        want = ref.quantize(w, cb, fmt, e)[0]
+                        want = ref.quantize(w, cb, fmt, e)[:2]
                         got = quantize(w, cb, fmt, e)
-                        if not torch.equal(got, want):
+                        if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
                             expect(False, f"quantize k={k} {fmt} {dtype} {n}x{kdim} mag={mag} e={e}")
                             return
-    expect(True, "whole-weight emulation == reference.quantize (k 2..5, fp32/fp16/bf16, e4m4/fp16/fp32, exponents, K % 32 != 0)")
+    expect(True, "whole-weight emulation == reference.quantize, packed and absmax (k 2..5, "
+                 "fp32/fp16/bf16, e4m4/fp16/fp32, exponents, K % 32 != 0)")
 
 
 def main():
-    rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    seeds = [a for a in sys.argv[1:] if a.isdigit()]
+    rng = np.random.default_rng(int(seeds[0]) if seeds else 0)
     check_fma32(rng)
     check_index(rng)
     check_tiny_lemma(rng)
     check_division(rng)
     check_quantize(rng)
+    if "--quick" not in sys.argv:
+        check_e4m4_code()
     print(f"{len(FAILURES)} failure(s)")
     return 1 if FAILURES else 0
 
