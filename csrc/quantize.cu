@@ -26,8 +26,10 @@
 // permutes put the two runs and the two lanes' bytes in place. k = 5: bit 4 of the index is
 // x >= thresholds[15], accumulated straight into a 16-bit half.
 //
-// Division: IEEE for fp16/fp32 absmax; for E4M4 a per-block reciprocal (divide_e4m4), which
-// is exact for every input (scripts/check_reciprocal.py). ~17 instructions per value at k = 4.
+// Division: IEEE for fp16/fp32 absmax; for E4M4 a per-block reciprocal (divide_e4m4), exact
+// for every input (scripts/check_reciprocal.py). scripts/emulate_quantize.py emulates all of
+// this in NumPy against kbit.reference. About 20 instructions per value (SASS, fp16, k = 4,
+// E4M4), down from 66 with the k-step binary search, IEEE division and 8 values per thread.
 #include <type_traits>
 
 #include "common.cuh"
@@ -75,7 +77,7 @@ __device__ __forceinline__ uint32_t bucket_of(float x) {
   static_assert(kBuckets == 256, "the scale 2^-141 is kBuckets * 2^-149");
   const float u = __saturatef(__fmaf_rn(x, 0.25f, 0.5f));
   float v;
-  asm("mul.rn.f32 %0, %1, 0f09800000;" : "=f"(v) : "f"(u));  // 0x09800000 = 2^-141
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(v) : "f"(u), "f"(0x1p-141f));
   return __float_as_uint(v);
 }
 

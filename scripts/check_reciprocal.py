@@ -98,7 +98,7 @@ def run(label, w, d, exact):
         note = ""
     else:
         bad = int(((np.abs(x) > TINY) | (np.abs(want) > TINY)).sum())
-        note = f", {int(differ.sum())} differ in the last bits (allowed)"
+        note = f", {int(differ.sum())} differ from RN(w / s) (allowed: both are tiny)"
     print(f"{'ok  ' if bad == 0 else 'FAIL'} {label}: {w.size} dividends, {bad} mismatches{note}")
     if bad:
         i = np.flatnonzero(differ)[:3]
