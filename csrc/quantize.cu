@@ -148,7 +148,7 @@ struct SearchTables {
   }
 };
 
-// e4m4_encode (common.cuh) for v in [0, 31] in ~9 integer/FMA instructions instead of
+// e4m4_encode (common.cuh) for v in [0, 31] in ~7 integer/FMA instructions instead of
 // frexpf and rintf: normal codes round the float32 to 4 fraction bits, ties to even (a carry
 // moves into the exponent field, as a code's m == 16 carries into e); subnormal codes are
 // rint(v * 2^14), read from the bits of 2^23 + v * 2^14. Checked against kbit.format for
