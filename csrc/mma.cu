@@ -32,9 +32,15 @@
 namespace kbit {
 namespace {
 
-constexpr int kWarpsPerCta = 32;
+#ifndef KBIT_MMA_WARPS
+#define KBIT_MMA_WARPS 32  // overridable for experiments (scripts/build_variant.sh)
+#endif
+constexpr int kWarpsPerCta = KBIT_MMA_WARPS;
 constexpr int kThreadsPerCta = kWarpsPerCta * 32;
-template <int K_BITS> constexpr int kDepth = K_BITS >= 4 ? 3 : 4;  // items in flight per warp (registers)
+#ifndef KBIT_MMA_DEPTH
+#define KBIT_MMA_DEPTH(k) ((k) >= 4 ? 3 : 4)
+#endif
+template <int K_BITS> constexpr int kDepth = KBIT_MMA_DEPTH(K_BITS);  // items in flight per warp (registers)
 constexpr int kStepK = 128;                 // k values per step
 constexpr int kXPad = 32;                   // halves of padding per staged x row (bank spread)
 constexpr int kMaxXSmem = 96 * 1024;        // staged x larger than this: not handled here
