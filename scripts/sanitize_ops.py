@@ -2,6 +2,7 @@
 import torch
 
 import kbit
+from kbit import ops
 
 for k in (2, 3, 4, 5):
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -15,8 +16,12 @@ for k in (2, 3, 4, 5):
                     kbit.dequantize(q, out)
                     kbit.dequantize(t, out)
                 if dtype != torch.float32:
+                    bias = torch.randn(n, device="cuda").to(dtype)
+                    args = (t.packed, t.absmax, t.codebook, n, kdim, t.absmax_exponent, bias)
                     for m in (1, 2, 3, 4):
-                        kbit.linear(torch.randn(m, kdim, device="cuda").to(dtype), t,
-                                    torch.randn(n, device="cuda").to(dtype))
+                        ops.gemv(torch.randn(m, kdim, device="cuda").to(dtype), *args)
+                    for m in (1, 5, 9, 16):
+                        ops.mma(torch.randn(m, kdim, device="cuda").to(dtype), *args)
+                    kbit.linear(torch.randn(17, kdim, device="cuda").to(dtype), t, bias)
 torch.cuda.synchronize()
 print("sanitize_ops: done")
