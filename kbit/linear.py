@@ -1,10 +1,11 @@
 """kbit.linear: C = x @ W^T (+ bias) for a k-bit W, any leading dims of x, fp16/bf16.
 
-Dispatch (this version, tiled64 weights): M <= 16 rows whose x fits in shared memory -> the
-tensor-core kernel (kbit::mma); M <= 4 otherwise -> the scalar GEMV (kbit::gemv); larger M (or
-a flat weight) -> dequantize into a reused per-(device, stream, dtype) buffer, then
-torch.nn.functional.linear (cuBLAS). With `out` given (contiguous [M, N], x's dtype) the
-small-M kernels write into it directly.
+Dispatch (tiled64 weights) follows DISPATCH below: the kernel that was fastest on every dense
+shape and k in `kbit bench --suite linear` (H100, 2026-11-22, NOTES.md; rerun that command
+to regenerate the comparison) for each range of M. A flat weight, or an M past the table,
+takes dequantize into a reused per-(device, stream, dtype) buffer + torch.nn.functional.linear
+(cuBLAS). With `out` given (contiguous [M, N], x's dtype) the small-M kernels write into it
+directly.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from . import ops
 from .format import QuantizedWeight
 
 _dequant_buffers: dict = {}
+
+# (largest M, kernel) in increasing M; "mma" falls back to "gemv" when x is too large to
+# stage in shared memory (mma_supports) and M <= 4, else to dequantize + cuBLAS.
+DISPATCH = ((ops.MMA_MAX_M, "mma"),)
 
 
 def _dequant_buffer(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
@@ -42,7 +47,8 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
     small = None
-    if qweight.layout == "tiled64" and m > 0:
+    kernel = next((name for top, name in DISPATCH if m <= top), None)
+    if qweight.layout == "tiled64" and m > 0 and kernel == "mma":
         if ops.mma_supports(m, kdim):
             small = (ops.mma, ops.mma_out)
         elif m <= ops.GEMV_MAX_M:

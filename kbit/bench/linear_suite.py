@@ -38,6 +38,26 @@ def floor_us(repeats: int) -> float:
     return graph_time_us(lambda i: t[i].fill_(1.0), 4, repeats=repeats)
 
 
+def host_overhead_us(calls: int = 300) -> tuple[float, float]:
+    """Eager kbit.linear at M = 1 on gateup (k = 4): wall µs per call of back-to-back calls
+    (host-bound when it exceeds the GPU time) and the GPU time per call in a CUDA graph."""
+    import time
+
+    K, N = DENSE["gateup"]
+    q = kbit.repack(kbit.quantize(torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02, k=4))
+    x = torch.randn(1, K, dtype=torch.float16, device="cuda")
+    y = torch.empty(1, N, dtype=torch.float16, device="cuda")
+    for _ in range(20):
+        kbit.linear(x, q, out=y)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        kbit.linear(x, q, out=y)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / calls * 1e6
+    return wall, graph_time_us(lambda i: kbit.linear(x, q, out=y), 1)
+
+
 def _measure_shape(name, K, N, ms, ks, repeats, results, fp16, weight_bytes):
     w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
     nw = copies_for_cold(N * K * 2)
@@ -89,7 +109,10 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) ->
     for name in extra:
         _measure_shape(name, *EXTRA[name], [m for m in ms if m <= EXTRA_MAX_M], ks, repeats,
                        results, fp16, weight_bytes)
+    wall, gpu = host_overhead_us()
     print(f"\nper-call floor (1-element fill_ in the same CUDA-graph harness): {floor:.2f} us")
+    print(f"eager kbit.linear, M=1 gateup k=4, out= given: {wall:.1f} us per call wall-clock "
+          f"(back-to-back, host-bound if above the GPU time), {gpu:.1f} us GPU time (graph, hot)")
     summary = {}
     for m in ms:
         print(f"\nM={m}: (us per call; cold L2; CUDA-graph replay, median)")
@@ -126,6 +149,7 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) ->
         print(f"| {m} | " + " | ".join(f"{summary[(m, k)][1] / summary[(m, k)][0]:.2f}x" for k in ks) + " |")
     return {
         "floor_us": floor,
+        "eager_linear_m1_wall_us": wall,
         "fp16_us": {f"{m},{s}": v for (m, s), v in fp16.items()},
         "kbit_us": {f"{m},{s},{k}": v for (m, s, k), v in results.items()},
         "weight_bytes": {f"{s},{k}": v for (s, k), v in weight_bytes.items()},
