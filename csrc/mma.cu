@@ -43,7 +43,7 @@ constexpr int kThreadsPerCta = kWarpsPerCta * 32;
 template <int K_BITS> constexpr int kDepth = KBIT_MMA_DEPTH(K_BITS);  // items in flight per warp (registers)
 constexpr int kStepK = 128;                 // k values per step
 constexpr int kXPad = 32;                   // halves of padding per staged x row (bank spread)
-constexpr int kMaxXSmem = 96 * 1024;        // staged x larger than this: not handled here
+constexpr int kMaxXSmem = 136 * 1024;       // staged x larger than this: not handled here (+ 65 KB tables fits 227 KB)
 
 template <typename T> struct Pair;
 template <> struct Pair<__half> {

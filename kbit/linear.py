@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops
+from . import _lib, ops
 from .format import QuantizedWeight
 
 _dequant_buffers: dict = {}
@@ -34,6 +34,42 @@ def _dequant_buffer(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Tenso
     return buf[:need].view(qweight.shape)
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _fast_mma(x2, qweight, bias, out, m, n, kdim):
+    """Eager CUDA call of the mma kernel without the torch.library dispatch (~40 us of host
+    time per call at M = 1, NOTES.md), or None when any precondition fails (the caller then
+    takes the op path, which checks everything and raises the errors). qweight's fields were
+    validated when it was built (frozen dataclass)."""
+    lib = _lib._lib
+    dev = x2.device
+    if (lib is None or dev.type != "cuda" or qweight.layout != "tiled64" or qweight.device != dev
+            or x2.stride(-1) != 1 or not ops.mma_supports(m, kdim, n, qweight.k, dev)
+            or not (qweight.packed.is_contiguous() and qweight.absmax.is_contiguous()
+                    and qweight.codebook.is_contiguous())):
+        return None
+    if bias is not None and (bias.dtype != x2.dtype or bias.shape != (n,) or bias.device != dev
+                             or not bias.is_contiguous()):
+        return None
+    if out is None:
+        y = torch.empty((m, n), dtype=x2.dtype, device=dev)
+    elif out.is_contiguous() and out.dtype == x2.dtype and out.device == dev and out.numel() == m * n:
+        y = out
+    else:
+        return None
+    index = dev.index
+    stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+    rc = lib.kbit_mma(
+        index, stream, x2.data_ptr(), _lib.DTYPE_CODES[x2.dtype], m, x2.stride(0),
+        qweight.packed.data_ptr(), qweight.absmax.data_ptr(),
+        _lib.ABSMAX_CODES[qweight.absmax_format], qweight.codebook.data_ptr(), qweight.k, n, kdim,
+        qweight.absmax_exponent, bias.data_ptr() if bias is not None else None, y.data_ptr(), n,
+    )
+    _lib.check(rc, "mma")
+    return y
+
+
 def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     if not isinstance(qweight, QuantizedWeight):
@@ -46,10 +82,15 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
+    if (x2.is_cuda and 0 < m <= ops.MMA_MAX_M and not torch.compiler.is_compiling()
+            and next((name for top, name in DISPATCH if m <= top), None) == "mma"):
+        y = _fast_mma(x2, qweight, bias, out, m, n, kdim)
+        if y is not None:
+            return out if y is out else y.view(*lead, n)
     small = None
     kernel = next((name for top, name in DISPATCH if m <= top), None)
     if qweight.layout == "tiled64" and m > 0 and kernel == "mma":
-        if ops.mma_supports(m, kdim):
+        if ops.mma_supports(m, kdim, n, qweight.k, x.device):
             small = (ops.mma, ops.mma_out)
         elif m <= ops.GEMV_MAX_M:
             small = (ops.gemv, ops.gemv_out)

@@ -375,14 +375,37 @@ __all__ = [
 GEMV_MAX_M = 4
 MMA_MAX_M = 16
 # csrc/mma.cu kMaxXSmem, read from the library when it is loaded
-MMA_MAX_X_BYTES = _lib._lib.kbit_mma_max_x_bytes() if _lib.available() else 96 * 1024
+MMA_MAX_X_BYTES = _lib._lib.kbit_mma_max_x_bytes() if _lib.available() else 136 * 1024
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def mma_supports(m: int, kdim: int) -> bool:
-    """Whether the tensor-core kernel takes x [m, kdim] (staged x fits in shared memory)."""
+_MMA_TABLE_BYTES = {2: 256 * 32 * 8, 3: 128 * 32 * 4, 4: 256 * 32 * 4, 5: 32 * 4}  # csrc/mma.cu
+_device_limits: dict = {}
+
+
+def _smem_limits(device) -> tuple[int, int]:
+    """(opt-in shared memory per block, SM count) of a CUDA device, cached."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _device_limits:
+        p = torch.cuda.get_device_properties(index)
+        _device_limits[index] = (int(getattr(p, "shared_memory_per_block_optin", 48 * 1024)),
+                                 int(p.multi_processor_count))
+    return _device_limits[index]
+
+
+def mma_supports(m: int, kdim: int, n: int | None = None, k: int | None = None, device=None) -> bool:
+    """Whether the tensor-core kernel takes x [m, kdim]: staged x within MMA_MAX_X_BYTES and,
+    given n, k and a CUDA device, all of its shared memory within the device's limit (the
+    same rule as csrc/mma.cu's launcher)."""
     steps = -(-kdim // 128)
-    return 1 <= m <= MMA_MAX_M and m * (steps * 128 + 16) * 2 <= MMA_MAX_X_BYTES
+    x_bytes = m * (steps * 128 + 32) * 2
+    if not (1 <= m <= MMA_MAX_M and x_bytes <= MMA_MAX_X_BYTES):
+        return False
+    if n is None or k is None or device is None or torch.device(device).type != "cuda":
+        return True
+    optin, sms = _smem_limits(torch.device(device))
+    rg = -(-(-(-n // 8)) // sms)
+    return _MMA_TABLE_BYTES[k] + 1024 + x_bytes + rg * m * 32 <= optin
 
 
 def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
@@ -391,7 +414,8 @@ def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exp
         raise ValueError(f"x must be [M, K={kdim}], got {list(x.shape)}")
     if x.shape[0] > max_m:
         raise ValueError(f"{name} takes M <= {max_m} rows, got {x.shape[0]}")
-    if name == "mma" and x.shape[0] > 0 and not mma_supports(x.shape[0], kdim):
+    if name == "mma" and x.shape[0] > 0 and not mma_supports(
+            x.shape[0], kdim, n, codebook.numel().bit_length() - 1, x.device):
         raise ValueError(f"mma: x [{x.shape[0]}, {kdim}] is too large to stage in shared memory")
     _check_packed(packed, absmax, codebook, n, kdim, "tiled64")
     if x.device != packed.device:

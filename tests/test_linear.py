@@ -62,7 +62,7 @@ def test_mma_small_m(device, k, dtype, rng):
     for n, kdim in MMA_SHAPES if device == "cuda" else MMA_SHAPES[1:2]:
         q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
         for m in MMA_MS if device == "cuda" else (1, 9):
-            if not ops.mma_supports(m, kdim):
+            if not ops.mma_supports(m, kdim, n, k, device):
                 continue
             x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
             out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
@@ -99,6 +99,7 @@ def test_mma_opcheck_and_limits(device, rng):
         ops.mma(torch.zeros(17, 100, dtype=torch.float16, device=device), q.packed, q.absmax,
                 q.codebook, 24, 100, 0)
     assert not ops.mma_supports(16, 1 << 15) and ops.mma_supports(1, 1 << 15)
+    assert ops.mma_supports(16, 4096) and not ops.mma_supports(16, 5120)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -82,7 +82,7 @@ def _measure_shape(name, K, N, ms, ks, repeats, results, fp16, weight_bytes):
                 row["Scalar"] = graph_time_us(
                     lambda i: ops.gemv_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
                     nq, repeats=repeats)
-            if ops.mma_supports(m, K):
+            if ops.mma_supports(m, K, N, k, "cuda"):
                 row["MMA"] = graph_time_us(
                     lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
                     nq, repeats=repeats)
