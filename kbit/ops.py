@@ -379,7 +379,8 @@ MMA_MAX_X_BYTES = _lib._lib.kbit_mma_max_x_bytes() if _lib.available() else 136 
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
-_MMA_TABLE_BYTES = {2: 256 * 32 * 8, 3: 128 * 32 * 4, 4: 256 * 32 * 4, 5: 32 * 4}  # csrc/mma.cu
+# csrc/mma.cu: codebook table + its alignment pad (k = 3, 4: aligned to its size)
+_MMA_TABLE_BYTES = {2: 256 * 32 * 8, 3: 2 * 128 * 32 * 4 - 16, 4: 2 * 256 * 32 * 4 - 16, 5: 32 * 4}
 _device_limits: dict = {}
 
 
@@ -398,14 +399,14 @@ def mma_supports(m: int, kdim: int, n: int | None = None, k: int | None = None, 
     given n, k and a CUDA device, all of its shared memory within the device's limit (the
     same rule as csrc/mma.cu's launcher)."""
     steps = -(-kdim // 128)
-    x_bytes = m * (steps * 128 + 32) * 2
+    x_bytes = m * (steps * 128 + 16) * 2
     if not (1 <= m <= MMA_MAX_M and x_bytes <= MMA_MAX_X_BYTES):
         return False
     if n is None or k is None or device is None or torch.device(device).type != "cuda":
         return True
     optin, sms = _smem_limits(torch.device(device))
-    rg = -(-(-(-n // 8)) // sms)
-    return _MMA_TABLE_BYTES[k] + 1024 + x_bytes + rg * m * 32 <= optin
+    rg = -(-(-(-n // 16)) // sms)
+    return _MMA_TABLE_BYTES[k] + 1024 + x_bytes + rg * m * 64 <= optin
 
 
 def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
