@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1) mma_kernel(
   };
 
   // 1. Put this warp's first kDepth items in flight before anything else.
-  constexpr int D = kDepth<K_BITS>;
+  constexpr int D = NT == 1 ? kDepth<K_BITS> : 1;  // NT = 2 needs the registers for its accumulators
   Item<K_BITS> ring[D];
   Cursor load_cur = cursor_at(item0);
 #pragma unroll
