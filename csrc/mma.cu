@@ -31,8 +31,6 @@
 // from the start. Warps add their fp32 results into a shared accumulator when their row group
 // changes and at the end; the CTA then writes C. RG = the fewest row groups per CTA that
 // cover the rows in one wave.
-#include <cooperative_groups.h>
-
 #include "common.cuh"
 
 namespace kbit {
@@ -307,8 +305,8 @@ template <typename T, int K_BITS, int FMT, int NT>
 __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
-    int steps, int ksplit, int split_steps, int rg_per_cta, int items_per_warp, float shift_up,
-    bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
+    int steps, int rg_per_cta, int items_per_warp, float shift_up, bool vec_x,
+    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   constexpr int kThreads = kThreadsPerCta<NT>;
   extern __shared__ __align__(16) char smem[];
   const uint32_t smem_sh = uint32_t(__cvta_generic_to_shared(smem));
@@ -317,20 +315,14 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   char* table = smem + (table_sh - smem_sh);
   char* scales = table + table_bytes<K_BITS>();
   T* xs = reinterpret_cast<T*>(scales + kScaleTableBytes);
-  const int x_row = split_steps * kStepK + kXPad;  // halves
+  const int x_row = steps * kStepK + kXPad;  // halves
   float* acc_s = reinterpret_cast<float*>(xs + size_t(M) * x_row);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  // K split over the ksplit CTAs of a cluster (rank = blockIdx.x % ksplit): this CTA's steps
-  // are [lo, lo + nsteps); the cluster's CTAs add their results through distributed shared
-  // memory at the end.
-  const int rank = blockIdx.x % ksplit;
-  const int group0 = (blockIdx.x / ksplit) * rg_per_cta;
-  const int lo = rank * split_steps;
-  const int nsteps = max(0, min(steps, lo + split_steps) - lo);
+  const int group0 = blockIdx.x * rg_per_cta;
   const int item0 = warp * items_per_warp;
-  const int n_items = max(0, min(items_per_warp, rg_per_cta * nsteps - item0));
+  const int n_items = max(0, min(items_per_warp, rg_per_cta * steps - item0));
 
   // A cursor over this warp's items in (row group, step) order; one step advances the block
   // by 2 k-tiles (2 * N * 2 blocks), a new row group restarts from its first k-tile. Row
@@ -345,18 +337,17 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const int n = (group0 + cur.rg) * kRows + g;
     cur.row_lo = n < N;
     cur.row_hi = n + 8 < N;
-    cur.block = uint32_t(((2 * (lo + cur.step) + (c >> 1)) * N + n) * kTileBlocks + (c & 1));
+    cur.block = uint32_t(((2 * cur.step + (c >> 1)) * N + n) * kTileBlocks + (c & 1));
   };
   auto cursor_at = [&](int item) {
     Cursor cur;
-    const int ns = max(nsteps, 1);
-    cur.rg = item / ns;
-    cur.step = item - cur.rg * ns;
+    cur.rg = item / steps;
+    cur.step = item - cur.rg * steps;
     at_group(cur);
     return cur;
   };
   auto advance = [&](Cursor& cur) {
-    if (++cur.step == nsteps) {
+    if (++cur.step == steps) {
       cur.step = 0;
       cur.rg++;
       at_group(cur);
@@ -365,7 +356,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     }
   };
   auto load = [&](Item<K_BITS>& it, const Cursor& cur, bool any) {
-    const bool kt_ok = any && 2 * (lo + cur.step) + (c >> 1) < KT;
+    const bool kt_ok = any && 2 * cur.step + (c >> 1) < KT;
     load_block<K_BITS, FMT>(it.w[0], it.scale_bits[0], packed, absmax, cur.block, kt_ok && cur.row_lo);
     load_block<K_BITS, FMT>(it.w[1], it.scale_bits[1], packed, absmax, cur.block + 16, kt_ok && cur.row_hi);
   };
@@ -405,11 +396,11 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   }
   {
     // unit (m, t, c, h): x[m][t * 128 + 32c + 16h + q], q = 0..15, goes to fragment slots.
-    const int units = M * nsteps * 8;
+    const int units = M * steps * 8;
     for (int unit = threadIdx.x; unit < units; unit += kThreads) {
-      const int m = unit / (nsteps * 8), rest = unit - m * nsteps * 8;
+      const int m = unit / (steps * 8), rest = unit - m * steps * 8;
       const int t = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
-      const int k0 = (lo + t) * kStepK + 32 * cc + 16 * h;
+      const int k0 = t * kStepK + 32 * cc + 16 * h;
       T v[16];
       const T* src = x + m * ldx + k0;
       if (vec_x && k0 + 16 <= K) {
@@ -480,34 +471,16 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   }
   __syncthreads();
 
-  // 4. Write C (with a K split: each CTA of the cluster writes every ksplit-th value, the sum
-  // of the cluster's accumulators in rank order).
-  auto write = [&](int i, float v) {
+  // 4. Write C.
+  for (int i = threadIdx.x; i < rg_per_cta * M * kRows; i += kThreads) {
     const int rg = i / (M * kRows), rest = i - rg * M * kRows, m = rest / kRows, row = rest % kRows;
     const int n = (group0 + rg) * kRows + row;
     if (n < N) {
-      v *= shift_up;
+      float v = acc_s[i] * shift_up;
       if (bias != nullptr) v += to_float(bias[n]);
       out[m * ldo + n] = from_float<T>(v);
     }
-  };
-  const int total = rg_per_cta * M * kRows;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (ksplit > 1) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every CTA's accumulator is complete
-    for (int i = threadIdx.x; i < total; i += kThreads) {
-      if (i % ksplit != rank) continue;
-      float v = 0.f;
-      for (int r = 0; r < ksplit; r++) v += cluster.map_shared_rank(acc_s, r)[i];
-      write(i, v);
-    }
-    cluster.sync();  // keep this CTA's shared memory alive until the others have read it
-    return;
   }
-#endif
-  for (int i = threadIdx.x; i < total; i += kThreads) write(i, acc_s[i]);
 }
 
 template <typename T, int K_BITS, int FMT, int NT>
@@ -528,45 +501,17 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   static const cudaError_t attr_err = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
   if (attr_err != cudaSuccess) return attr_err;
-  // the loaded binary's SASS arch: clusters (the K split) need sm_90
-  static const bool clusters = [&] {
-    cudaFuncAttributes fa{};
-    return cudaFuncGetAttributes(&fa, kernel) == cudaSuccess && fa.binaryVersion >= 90;
-  }();
-  // One CTA per SM. K split S (CTAs per cluster) and row groups per cluster RG: the least
-  // work (steps) on one CTA among S = 1, 2, 4 that fit one wave and shared memory; ties go to
-  // the smaller S. RG = the fewest row groups per cluster that cover the rows.
-  int best_s = 0, best_rg = 0, best_per = 0;
-  int64_t best_load = 0;
-  for (int S = 1; S <= (clusters ? 4 : 1); S *= 2) {
-    if (S > 1 && steps < 2 * S) break;
-    const int rg = int(ceil_div(groups * S, dev.sms));
-    const int per = int(ceil_div(steps, S));
-    if (smem_bytes<T, K_BITS>(M, per, rg) > size_t(dev.smem_optin)) continue;
-    const int64_t load = int64_t(rg) * per;
-    if (best_s == 0 || load < best_load) { best_s = S; best_rg = rg; best_per = per; best_load = load; }
-  }
-  if (best_s == 0) return cudaErrorInvalidValue;
-  constexpr int threads = kThreadsPerCta<NT>;
-  const size_t bytes = smem_bytes<T, K_BITS>(M, best_per, best_rg);
-  const int items_per_warp = int(ceil_div(int64_t(best_rg) * best_per, kWarpsPerCta<NT>));
+  // One CTA per SM: the fewest row groups per CTA that cover the rows in one wave.
+  const int rg = int(ceil_div(groups, dev.sms));
+  const size_t bytes = smem_bytes<T, K_BITS>(M, steps, rg);
+  if (bytes > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
+  const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(best_s * ceil_div(groups, best_rg)));
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = bytes;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(best_s);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = best_s > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb,
-                            int(N), int(K), int(KT), steps, best_s, best_per, best_rg,
-                            items_per_warp, ldexpf(1.f, exponent), vec_x,
-                            static_cast<const T*>(bias), static_cast<T*>(out), ldo);
+  kernel<<<unsigned(ceil_div(groups, rg)), kThreadsPerCta<NT>, bytes, s>>>(
+      static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N), int(K), int(KT), steps, rg,
+      items_per_warp, ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias),
+      static_cast<T*>(out), ldo);
+  return cudaGetLastError();
 }
 
 template <typename T, int K_BITS, int FMT>

@@ -23,7 +23,7 @@ for k in (2, 3, 4, 5):
                     for m in (1, 5, 9, 16):
                         ops.mma(torch.randn(m, kdim, device="cuda").to(dtype), *args)
                     kbit.linear(torch.randn(17, kdim, device="cuda").to(dtype), t, bias)
-# shapes where the mma launcher splits K over a cluster of CTAs (few row groups, many steps)
+# mma with few row groups and many k steps per CTA, M <= 8 and M = 9..16
 for k in (2, 4):
     for n, kdim in ((40, 2048), (512, 4096)):
         t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
