@@ -34,9 +34,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all of the suite)")
     p.add_argument("--json", metavar="PATH", help="write all results as JSON here")
     p.add_argument("--repeats", type=int, default=15, help="graph replays per measurement")
+    p.add_argument("--plot", metavar="PATH", help="PNG of the dense-TOTAL speedup vs M per k "
+                   "(needs matplotlib: pip install kbit[bench])")
+    p.add_argument("--from-json", metavar="PATH", help="with --plot: plot a saved --json result "
+                   "instead of running (no GPU needed)")
 
 
 def run(args) -> int:
+    if args.from_json:
+        if not args.plot:
+            print("--from-json needs --plot", file=sys.stderr)
+            return 2
+        from .plot import dense_speedups, plot
+
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        if "linear" not in saved:
+            print(f"{args.from_json} has no linear-suite results", file=sys.stderr)
+            return 2
+        plot(dense_speedups(saved["linear"]), args.plot, saved.get("info", {}).get("device", ""))
+        print(f"wrote {args.plot}")
+        return 0
     import torch
 
     if not torch.cuda.is_available():
@@ -72,6 +90,11 @@ def run(args) -> int:
         shapes = args.shapes.split(",") if args.shapes else list(MODEL_SHAPES)
         shapes = [s for s in shapes if s in MODEL_SHAPES]
         result["ops"] = run_ops(ks, {s: MODEL_SHAPES[s] for s in shapes}, args.repeats)
+    if args.plot and "linear" in result:
+        from .plot import dense_speedups, plot
+
+        plot(dense_speedups(result["linear"]), args.plot, info["device"])
+        print(f"wrote {args.plot}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -1,0 +1,36 @@
+"""`kbit bench --plot`: the dense-TOTAL speedups it draws (pure Python, no GPU)."""
+
+import pytest
+
+from kbit.bench.linear_suite import DENSE
+from kbit.bench.plot import dense_speedups, plot
+
+
+def _linear(ms, ks):
+    fp16, kbit_us = {}, {}
+    for m in ms:
+        for i, s in enumerate(DENSE):
+            fp16[f"{m},{s}"] = 10.0 + i
+            for k in ks:
+                # two kernels; Best is the smaller one
+                kbit_us[f"{m},{s},{k}"] = {"MMA": (10.0 + i) / (k * m), "dq+cuBLAS": 100.0}
+    return {"fp16_us": fp16, "kbit_us": kbit_us}
+
+
+def test_dense_speedups_sums_best_over_the_dense_shapes():
+    sp = dense_speedups(_linear([1, 4], [2, 4]))
+    assert set(sp) == {2, 4} and set(sp[2]) == {1, 4}
+    assert sp[4][1] == pytest.approx(4.0) and sp[2][4] == pytest.approx(8.0)
+
+
+def test_dense_speedups_skips_incomplete_m():
+    lin = _linear([1, 8], [4])
+    del lin["kbit_us"][f"8,{list(DENSE)[-1]},4"]
+    assert set(dense_speedups(lin)[4]) == {1}
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "s.png"
+    plot(dense_speedups(_linear([1, 2, 16], [2, 3])), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
