@@ -93,8 +93,11 @@ def run(args) -> int:
     if args.plot and "linear" in result:
         from .plot import dense_speedups, plot
 
-        plot(dense_speedups(result["linear"]), args.plot, info["device"])
-        print(f"wrote {args.plot}")
+        try:
+            plot(dense_speedups(result["linear"]), args.plot, info["device"])
+            print(f"wrote {args.plot}")
+        except (RuntimeError, ValueError) as e:  # no matplotlib, or not all dense shapes run
+            print(f"--plot: {e}", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
