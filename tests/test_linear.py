@@ -87,14 +87,21 @@ def test_mma_absmax_formats_exponent_bias(device, absmax_format, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_mma_opcheck_and_limits(device, rng):
-    q = kbit.repack(kbit.quantize(random_weight(24, 100, gen=rng, device=device), k=3))
-    x = torch.randn(11, 100, generator=rng).to(torch.float16).to(device)
+@pytest.mark.parametrize("name, m, k", [("mma", 11, 3), ("gemv", 3, 5)])
+def test_small_m_opcheck(device, name, m, k, rng):
+    op, op_out = getattr(ops, name), getattr(ops, f"{name}_out")
+    q = kbit.repack(kbit.quantize(random_weight(24, 100, gen=rng, device=device), k=k))
+    x = torch.randn(m, 100, generator=rng).to(torch.float16).to(device)
     bias = torch.randn(24, generator=rng).to(torch.float16).to(device)
     for b in (None, bias):
-        torch.library.opcheck(ops.mma, (x, q.packed, q.absmax, q.codebook, 24, 100, 0, b))
-    out = torch.empty(11, 24, dtype=torch.float16, device=device)
-    torch.library.opcheck(ops.mma_out, (x, q.packed, q.absmax, q.codebook, 24, 100, 0, bias, out))
+        torch.library.opcheck(op, (x, q.packed, q.absmax, q.codebook, 24, 100, 0, b))
+    out = torch.empty(m, 24, dtype=torch.float16, device=device)
+    torch.library.opcheck(op_out, (x, q.packed, q.absmax, q.codebook, 24, 100, 0, bias, out))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mma_limits(device, rng):
+    q = kbit.repack(kbit.quantize(random_weight(24, 100, gen=rng, device=device), k=3))
     with pytest.raises(ValueError, match="M <= 16"):
         ops.mma(torch.zeros(17, 100, dtype=torch.float16, device=device), q.packed, q.absmax,
                 q.codebook, 24, 100, 0)
@@ -129,15 +136,6 @@ def test_linear_m_zero_and_bad_input(device, rng):
         kbit.linear(torch.randn(2, 64, dtype=torch.float16, device=device), torch.zeros(32, 64))
     with pytest.raises(TypeError, match="bias"):
         kbit.linear(torch.randn(2, 64, dtype=torch.float16, device=device), q, torch.zeros(32))
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_gemv_opcheck(device, rng):
-    q = kbit.repack(kbit.quantize(random_weight(24, 100, gen=rng, device=device), k=5))
-    x = torch.randn(3, 100, generator=rng).to(torch.float16).to(device)
-    bias = torch.randn(24, generator=rng).to(torch.float16).to(device)
-    for b in (None, bias):
-        torch.library.opcheck(ops.gemv, (x, q.packed, q.absmax, q.codebook, 24, 100, 0, b))
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
