@@ -16,10 +16,10 @@
 // into words whose nibbles (k = 3, 4) or 2-bit fields (k = 2) hold the indices of values
 // r, r + 4, r + 8, ... (r = word); one shared-memory load then returns two (k = 3, 4) or four
 // (k = 2) codebook values, packed, from a byte of indices, multiplied by the block scale with
-// one packed multiply per pair. The table is private per lane (entry e of lane L at
-// (e * 32 + L) * entry bytes), so the lookups of a warp never conflict; for k = 3, 4 it sits at
-// a shared address aligned to its size, so one LOP3 forms the whole lookup address. k = 5
-// looks up single values in a 32-entry float table. The block scale (E4M4: exact in fp16 and
+// one packed multiply per pair. The table is private per lane (entry e of lane L at byte
+// e * 256 + L * entry bytes), so the lookups of a warp never conflict, and one PRMT forms the
+// whole offset (the byte of indices as byte 1, the lane's offset as byte 0; k = 3, 4 leave
+// half of each 256-byte row unused). k = 5 looks up single values in a 32-entry float table. The block scale (E4M4: exact in fp16 and
 // bf16) multiplies the codebook value in the activation dtype; the per-tensor power of two
 // multiplies the fp32 accumulator at the end, so it cannot overflow or underflow the 16-bit
 // weights.
@@ -35,6 +35,12 @@
 
 namespace kbit {
 namespace {
+
+// Timeline hooks for scripts/mma_timeline.cu (empty in the library): KBIT_MMA_MARK(i, dep)
+// records when a warp reaches point i, after the register `dep` is available.
+#ifndef KBIT_MMA_MARK
+#define KBIT_MMA_MARK(i, dep)
+#endif
 
 #ifndef KBIT_MMA_WARPS
 #define KBIT_MMA_WARPS 32  // overridable for experiments (scripts/build_variant.sh)
@@ -97,17 +103,13 @@ __device__ __forceinline__ void delta_swap(uint32_t& a, uint32_t& b, int d, uint
   a ^= t << d;
 }
 
-// x >> s for an s that may be negative (then a left shift); s is a constant after unrolling.
-__device__ __forceinline__ uint32_t shr(uint32_t x, int s) { return s >= 0 ? x >> s : x << -s; }
-
-// d = (a & mask) | c in one LOP3 (the compiler splits it in two when it cannot prove that c
-
-// d = (a & mask) | c in one LOP3 (the compiler splits it in two when it cannot prove that c
-// and mask do not overlap).
-template <uint32_t MASK>
-__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t c) {
+// Shared address of the table entry for byte I of the index word n, in one PRMT: lane_base =
+// the table's address (64 KB aligned: bytes 2, 3) | this lane's offset in a row (byte 0); the
+// byte of indices becomes byte 1.
+template <int I>
+__device__ __forceinline__ uint32_t entry_addr(uint32_t n, uint32_t lane_base) {
   uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(MASK), "r"(c));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(n), "r"(lane_base), "n"(0x7604 | (I << 4)));
   return d;
 }
 
@@ -127,17 +129,16 @@ __host__ __device__ constexpr int slot_position(int s, int u) {
                      : 16 * (s & 1) + (s >> 1) + 4 * u;  // word r = s / 2, byte pair h = s % 2
 }
 
-// Codebook table, private per lane (entry e of lane L at (e * 32 + L) * entry bytes): k = 2:
+// Codebook table, private per lane (entry e of lane L at e * 256 + L * entry bytes): k = 2:
 // 256 entries of 4 values (a byte of 2-bit indices); k = 3, 4: 128 / 256 entries of 2 values
-// (a byte of two nibbles), aligned to their size (kTableAlign); k = 5: the 32 floats.
+// (a byte of two nibbles), at a 64 KB aligned shared address (entry_addr); k = 5: the 32
+// floats.
 template <int K_BITS>
 __host__ __device__ constexpr int table_bytes() {
-  return K_BITS == 2 ? 256 * 32 * 8 : K_BITS == 3 ? 128 * 32 * 4 : K_BITS == 4 ? 256 * 32 * 4 : 32 * 4;
+  return K_BITS == 2 ? 256 * 256 : K_BITS == 3 ? 128 * 256 : K_BITS == 4 ? 256 * 256 : 32 * 4;
 }
-template <int K_BITS>
-__host__ __device__ constexpr int table_align() {
-  return K_BITS == 3 || K_BITS == 4 ? table_bytes<K_BITS>() : 16;
-}
+template <int K_BITS> constexpr bool kAlignedTable = K_BITS != 5;
+constexpr uint32_t kTableAlign = 64 * 1024;
 constexpr int kScaleTableBytes = 256 * 4;  // E4M4 code -> packed (scale, scale)
 
 // The words + stored absmax of the two blocks (rows g and g + 8) of one item.
@@ -197,17 +198,18 @@ __device__ __forceinline__ void nibble_transpose(uint32_t& n0, uint32_t& n1, uin
 // One item: decode both blocks (rows g, g + 8) into the A registers of MMA s (0: row g
 // slots 0-1, 1: row g + 8 slots 0-1, 2: row g slots 2-3, 3: row g + 8 slots 2-3) and run
 // the MMAs as soon as their A registers exist (a whole item at once would spill).
-// table_lane: this lane's table address (shared window, k = 3, 4) or byte offset (k = 2).
-// xb: this lane's staged-x fragments of the step (token g), x_row halves per token.
+// table: the table (k = 5); lane_base: the table's shared address | this lane's offset in a row
+// (k = 2..4).
+// xb[tt]: this lane's staged-x fragments of the step for token tile tt (a zero row for tokens
+// >= M).
 template <typename T, int K_BITS, int NT>
 __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2],
-                                         const char* table, uint32_t table_lane, const T* xb,
-                                         int x_row, bool (&tok_ok)[NT], float (&acc)[NT][2][4]) {
+                                         const char* table, uint32_t lane_base,
+                                         const T* const (&xb)[NT], float (&acc)[NT][2][4]) {
   auto run = [&](int s, const uint32_t (&a)[4]) {
 #pragma unroll
     for (int tt = 0; tt < NT; tt++) {
-      uint2 b = make_uint2(0u, 0u);
-      if (tok_ok[tt]) b = *reinterpret_cast<const uint2*>(xb + size_t(tt) * 8 * x_row + s * 16);
+      const uint2 b = *reinterpret_cast<const uint2*>(xb[tt] + s * 16);
       mma16816<T>(acc[tt][s & 1], a[0], a[1], a[2], a[3], b.x, b.y);
     }
   };
@@ -220,7 +222,6 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
       n[h][0] = it.w[h][0]; n[h][1] = it.w[h][1]; n[h][2] = it.w[h][2]; n[h][3] = it.w[h][3];
       nibble_transpose(n[h][0], n[h][1], n[h][2], n[h][3]);
     }
-    const float* cb = reinterpret_cast<const float*>(table);
 #pragma unroll
     for (int s = 0; s < 8; s++) {
       const int r = s >> 1, hh = s & 1;
@@ -233,7 +234,7 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
           const int j = 4 * hh + u;  // nibble of word r: value 4j + r of the block
           const uint32_t lo = (n[h][r] >> (4 * j)) & 15u;
           const uint32_t hi = (it.w[h][4] >> (4 * j + r)) & 1u;
-          v[u] = cb[lo | (hi << 4)] * scale[h];
+          v[u] = reinterpret_cast<const float*>(table)[lo | (hi << 4)] * scale[h];
         }
         a[h] = Pair<T>::pack(v[0], v[1]);
         a[h + 2] = Pair<T>::pack(v[2], v[3]);
@@ -249,20 +250,28 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
     }
     // byte j of word r: the 2-bit indices of values 8j + r + {0, 2, 4, 6}, one 8-byte entry;
     // MMA s = 4r + j
+    auto mma_j = [&](int r, int j, const uint32_t (&off)[2]) {
+      uint32_t a[4];
 #pragma unroll
-    for (int r = 0; r < 2; r++)
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        uint32_t a[4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const uint32_t off = and_or<0xff00u>(shr(n[h][r], 8 * j - 8), table_lane);  // entry * 256
-          const uint2 q = *reinterpret_cast<const uint2*>(table + off);
-          a[h] = mul2<T>(q.x, s2[h]);
-          a[h + 2] = mul2<T>(q.y, s2[h]);
-        }
-        run(4 * r + j, a);
+      for (int h = 0; h < 2; h++) {
+        uint32_t q0, q1;
+        asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(q0), "=r"(q1) : "r"(off[h]));
+        a[h] = mul2<T>(q0, s2[h]);
+        a[h + 2] = mul2<T>(q1, s2[h]);
       }
+      run(4 * r + j, a);
+    };
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const uint32_t o0[2] = {entry_addr<0>(n[0][r], lane_base), entry_addr<0>(n[1][r], lane_base)};
+      mma_j(r, 0, o0);
+      const uint32_t o1[2] = {entry_addr<1>(n[0][r], lane_base), entry_addr<1>(n[1][r], lane_base)};
+      mma_j(r, 1, o1);
+      const uint32_t o2[2] = {entry_addr<2>(n[0][r], lane_base), entry_addr<2>(n[1][r], lane_base)};
+      mma_j(r, 2, o2);
+      const uint32_t o3[2] = {entry_addr<3>(n[0][r], lane_base), entry_addr<3>(n[1][r], lane_base)};
+      mma_j(r, 3, o3);
+    }
   } else {
     uint32_t n[2][4];
 #pragma unroll
@@ -271,19 +280,23 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
       n[h][3] = K_BITS == 4 ? it.w[h][3] : 0u;
       nibble_transpose(n[h][0], n[h][1], n[h][2], n[h][3]);
     }
-    constexpr uint32_t mask = K_BITS == 4 ? 0x7f80u : 0x3f80u;
     // byte i of word r: the indices of values 8i + r (low nibble) and 8i + 4 + r; MMA
     // s = 2r + i / 2 takes bytes i (even: slots 0-1) and i + 1 (slots 2-3)
 #pragma unroll
-    for (int s = 0; s < 8; s++) {
-      const int r = s >> 1, i0 = 2 * (s & 1);
+    for (int r = 0; r < 4; r++) {
       uint32_t a[4];
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2<T>(lds32(and_or<mask>(shr(n[h][r], 8 * i0 - 7), table_lane)), s2[h]);
-        a[h + 2] = mul2<T>(lds32(and_or<mask>(shr(n[h][r], 8 * i0 + 1), table_lane)), s2[h]);
+        a[h] = mul2<T>(lds32(entry_addr<0>(n[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(entry_addr<1>(n[h][r], lane_base)), s2[h]);
       }
-      run(s, a);
+      run(2 * r, a);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        a[h] = mul2<T>(lds32(entry_addr<2>(n[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(entry_addr<3>(n[h][r], lane_base)), s2[h]);
+      }
+      run(2 * r + 1, a);
     }
   }
 }
@@ -294,11 +307,24 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
 // half-warp hit distinct banks).
 __host__ __device__ constexpr int frag_index(int t, int s, int c) { return ((t * 8 + s) * 4 + c) * 4; }
 
-// Shared memory: [pad to the table's alignment][table][E4M4 scales][x][accumulator].
+constexpr int kZeroBytes = 256;  // a zero x "row" of one step, read by the lanes of tokens >= M
+
+// Shared memory: the table and the "rest" = [E4M4 scales][zero row][x][accumulator]. k = 5:
+// [table][rest]. k = 2..4: the table starts at the first 64 KB boundary of the shared window
+// and the rest goes in front of it when it fits there, else behind it.
+template <typename T>
+__host__ __device__ size_t rest_bytes(int M, int steps, int rg) {
+  return kScaleTableBytes + kZeroBytes + size_t(M) * (steps * kStepK + kXPad) * sizeof(T) +
+         size_t(rg) * M * kRows * sizeof(float);
+}
+// Bytes to ask for, given that dynamic shared memory starts `reserved` bytes into the window
+// (the kernel checks the layout it derives against what it got).
 template <typename T, int K_BITS>
-size_t smem_bytes(int M, int steps, int rg) {
-  return table_align<K_BITS>() - 16 + table_bytes<K_BITS>() + kScaleTableBytes +
-         size_t(M) * (steps * kStepK + kXPad) * sizeof(T) + size_t(rg) * M * kRows * sizeof(float);
+size_t smem_bytes(int M, int steps, int rg, int reserved) {
+  const size_t rest = rest_bytes<T>(M, steps, rg);
+  if (!kAlignedTable<K_BITS>) return table_bytes<K_BITS>() + rest;
+  const size_t front = kTableAlign - reserved % kTableAlign;
+  return front + table_bytes<K_BITS>() + (rest <= front ? 0 : rest);
 }
 
 template <typename T, int K_BITS, int FMT, int NT>
@@ -308,18 +334,68 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     int steps, int rg_per_cta, int items_per_warp, float shift_up, bool vec_x,
     const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   constexpr int kThreads = kThreadsPerCta<NT>;
+  KBIT_MMA_MARK(0, 0u);
   extern __shared__ __align__(16) char smem[];
   const uint32_t smem_sh = uint32_t(__cvta_generic_to_shared(smem));
-  constexpr uint32_t align = table_align<K_BITS>();
-  const uint32_t table_sh = (smem_sh + align - 1) & ~(align - 1);
-  char* table = smem + (table_sh - smem_sh);
-  char* scales = table + table_bytes<K_BITS>();
-  T* xs = reinterpret_cast<T*>(scales + kScaleTableBytes);
+  char* table = smem;
+  char* scales = smem + table_bytes<K_BITS>();
+  uint32_t table_sh = smem_sh;
+  if constexpr (kAlignedTable<K_BITS>) {
+    table_sh = (smem_sh + kTableAlign - 1) & ~(kTableAlign - 1);
+    const uint32_t front = table_sh - smem_sh;
+    table = smem + front;
+    const size_t rest = rest_bytes<T>(M, steps, rg_per_cta);
+    scales = rest <= front ? smem : table + table_bytes<K_BITS>();
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (size_t(scales - smem) + rest > dyn || front + table_bytes<K_BITS>() > dyn) __trap();  // launcher bug
+  }
+  T* zero_row = reinterpret_cast<T*>(scales + kScaleTableBytes);
+  T* xs = zero_row + kZeroBytes / sizeof(T);
   const int x_row = steps * kStepK + kXPad;  // halves
   float* acc_s = reinterpret_cast<float*>(xs + size_t(M) * x_row);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
+
+  // 0. The small loads first, so that they do not queue behind the weights: this lane's
+  // codebook entry (the table is built from registers by shuffles) and this thread's first
+  // unit of x (unit (m, t, c, h) = x[m][t * 128 + 32c + 16h + q], q = 0..15).
+  constexpr int cmask = (1 << K_BITS) - 1;
+  const float cb_lane = codebook[lane & cmask];
+  const int units = M * steps * 8;
+  auto fetch_x = [&](int unit, T (&v)[16]) {
+    const int m = unit / (steps * 8), rest = unit - m * steps * 8;
+    const int k0 = (rest >> 3) * kStepK + 32 * ((rest >> 1) & 3) + 16 * (rest & 1);
+    const T* src = x + m * ldx + k0;
+    if (vec_x && k0 + 16 <= K) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(src));
+      const uint4 bq = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+      const T* pa = reinterpret_cast<const T*>(&a);
+      const T* pb = reinterpret_cast<const T*>(&bq);
+#pragma unroll
+      for (int q = 0; q < 8; q++) { v[q] = pa[q]; v[q + 8] = pb[q]; }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 16; q++) v[q] = k0 + q < K ? src[q] : from_float<T>(0.f);
+    }
+  };
+  auto stage_x = [&](int unit, const T (&v)[16]) {
+    const int m = unit / (steps * 8), rest = unit - m * steps * 8;
+    const int t = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
+    T* dst = xs + size_t(m) * x_row;
+#pragma unroll
+    for (int s = 0; s < 8; s++) {
+      // MMA s slot u reads block position slot_position(s, u) = 16h' + q' (one h' per s)
+      if ((slot_position<K_BITS>(s, 0) >> 4) != h) continue;
+      T quad[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) quad[u] = v[slot_position<K_BITS>(s, u) & 15];
+      *reinterpret_cast<uint2*>(dst + frag_index(t, s, cc)) = *reinterpret_cast<uint2*>(quad);
+    }
+  };
+  T x0[16];
+  if (int(threadIdx.x) < units) fetch_x(threadIdx.x, x0);
   const int group0 = blockIdx.x * rg_per_cta;
   const int item0 = warp * items_per_warp;
   const int n_items = max(0, min(items_per_warp, rg_per_cta * steps - item0));
@@ -370,75 +446,58 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     load(ring[d], load_cur, d < n_items);
     advance(load_cur);
   }
+  KBIT_MMA_MARK(1, 0u);
 
-  // 2. Tables, staged x, zeroed accumulator.
-  constexpr int cmask = (1 << K_BITS) - 1;
+  // 2. Tables, staged x, zeroed accumulator. (Every warp runs whole iterations of the table
+  // loops: their trip counts are multiples of the CTA size, so the shuffles are warp-uniform.)
+  auto cb = [&](int i) { return __shfl_sync(0xffffffffu, cb_lane, i); };
   if constexpr (K_BITS == 5) {
-    if (threadIdx.x < 32) reinterpret_cast<float*>(table)[threadIdx.x] = codebook[threadIdx.x];
+    if (threadIdx.x < 32) reinterpret_cast<float*>(table)[threadIdx.x] = cb_lane;
   } else if constexpr (K_BITS == 2) {
+    static_assert(256 * 16 % kThreads == 0, "whole iterations per warp");
     for (int i = threadIdx.x; i < 256 * 16; i += kThreads) {  // 2 lanes per 16-byte store
       const int e = i >> 4;
-      const uint32_t lo = Pair<T>::pack(codebook[e & 3], codebook[(e >> 2) & 3]);
-      const uint32_t hi = Pair<T>::pack(codebook[(e >> 4) & 3], codebook[(e >> 6) & 3]);
+      const uint32_t lo = Pair<T>::pack(cb(e & 3), cb((e >> 2) & 3));
+      const uint32_t hi = Pair<T>::pack(cb((e >> 4) & 3), cb((e >> 6) & 3));
       reinterpret_cast<uint4*>(table)[i] = make_uint4(lo, hi, lo, hi);
     }
   } else {
-    constexpr int entries = table_bytes<K_BITS>() / 128;
-    for (int i = threadIdx.x; i < entries * 8; i += kThreads) {  // 4 lanes per store
+    constexpr int entries = table_bytes<K_BITS>() / 256;
+    static_assert(entries * 8 % kThreads == 0, "whole iterations per warp");
+    for (int i = threadIdx.x; i < entries * 8; i += kThreads) {  // 4 lanes per 16-byte store
       const int e = i >> 3;
-      const uint32_t v = Pair<T>::pack(codebook[e & 15 & cmask], codebook[(e >> 4) & cmask]);
-      reinterpret_cast<uint4*>(table)[i] = make_uint4(v, v, v, v);
+      const uint32_t v = Pair<T>::pack(cb(e & 15 & cmask), cb((e >> 4) & cmask));
+      reinterpret_cast<uint4*>(table + e * 256)[i & 7] = make_uint4(v, v, v, v);
     }
   }
   if (FMT == KBIT_ABSMAX_E4M4 && threadIdx.x < 256) {
     const float sc = e4m4_decode(threadIdx.x);
     reinterpret_cast<uint32_t*>(scales)[threadIdx.x] = Pair<T>::pack(sc, sc);
   }
-  {
-    // unit (m, t, c, h): x[m][t * 128 + 32c + 16h + q], q = 0..15, goes to fragment slots.
-    const int units = M * steps * 8;
-    for (int unit = threadIdx.x; unit < units; unit += kThreads) {
-      const int m = unit / (steps * 8), rest = unit - m * steps * 8;
-      const int t = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
-      const int k0 = t * kStepK + 32 * cc + 16 * h;
-      T v[16];
-      const T* src = x + m * ldx + k0;
-      if (vec_x && k0 + 16 <= K) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src));
-        const uint4 bq = __ldg(reinterpret_cast<const uint4*>(src) + 1);
-        const T* pa = reinterpret_cast<const T*>(&a);
-        const T* pb = reinterpret_cast<const T*>(&bq);
-#pragma unroll
-        for (int q = 0; q < 8; q++) { v[q] = pa[q]; v[q + 8] = pb[q]; }
-      } else {
-#pragma unroll
-        for (int q = 0; q < 16; q++) v[q] = k0 + q < K ? src[q] : from_float<T>(0.f);
-      }
-      T* dst = xs + size_t(m) * x_row;
-#pragma unroll
-      for (int s = 0; s < 8; s++) {
-        // MMA s slot u reads block position slot_position(s, u) = 16h' + q' (one h' per s)
-        if ((slot_position<K_BITS>(s, 0) >> 4) != h) continue;
-        T quad[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) quad[u] = v[slot_position<K_BITS>(s, u) & 15];
-        *reinterpret_cast<uint2*>(dst + frag_index(t, s, cc)) = *reinterpret_cast<uint2*>(quad);
-      }
-    }
+  if (int(threadIdx.x) < units) stage_x(threadIdx.x, x0);
+  for (int unit = threadIdx.x + kThreads; unit < units; unit += kThreads) {
+    T v[16];
+    fetch_x(unit, v);
+    stage_x(unit, v);
   }
+  if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
   for (int i = threadIdx.x; i < rg_per_cta * M * kRows; i += kThreads) acc_s[i] = 0.f;
   __syncthreads();
+  KBIT_MMA_MARK(2, 0u);
+  KBIT_MMA_MARK(3, ring[0].w[0][0] ^ ring[0].w[1][0]);
 
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
   // after i is decoded. Two accumulators per token tile halve the chain of dependent MMAs.
-  const uint32_t table_lane = K_BITS == 5 ? 0u
-                              : K_BITS == 2 ? uint32_t(lane) * 8u
-                                            : table_sh | (uint32_t(lane) * 4u);
+  const uint32_t lane_base = table_sh | (uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
   float acc[NT][2][4] = {};
-  const T* xb = xs + size_t(g) * x_row + frag_index(0, 0, c);  // token g of tile 0
+  // this lane's staged x (token tt * 8 + g) at step 0, or the zero row
+  const T* xb0[NT];
   bool tok_ok[NT];
 #pragma unroll
-  for (int tt = 0; tt < NT; tt++) tok_ok[tt] = tt * 8 + g < M;
+  for (int tt = 0; tt < NT; tt++) {
+    tok_ok[tt] = tt * 8 + g < M;
+    xb0[tt] = (tok_ok[tt] ? xs + size_t(tt * 8 + g) * x_row : zero_row) + frag_index(0, 0, c);
+  }
   auto flush = [&](int rg) {
 #pragma unroll
     for (int tt = 0; tt < NT; tt++)
@@ -461,14 +520,17 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
           load(ring[d], load_cur, true);
           advance(load_cur);
         }
-        item_mma<T, K_BITS, NT>(it, s2, table, table_lane, xb + frag_index(cur.step, 0, 0), x_row,
-                                tok_ok, acc);
+        const T* xb[NT];
+#pragma unroll
+        for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(cur.step, 0, 0) : 0);
+        item_mma<T, K_BITS, NT>(it, s2, table, lane_base, xb, acc);
         const int rg = cur.rg;
         advance(cur);
         if (cur.rg != rg || base + d + 1 == n_items) flush(rg);
       }
     }
   }
+  KBIT_MMA_MARK(4, 0u);
   __syncthreads();
 
   // 4. Write C.
@@ -481,6 +543,18 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
       out[m * ldo + n] = from_float<T>(v);
     }
   }
+  KBIT_MMA_MARK(5, 0u);
+}
+
+// Shared memory one call needs (0 if x cannot be staged or sizes overflow), the rule the
+// launcher applies; also behind kbit_mma_smem_bytes.
+template <typename T, int K_BITS>
+size_t call_smem_bytes(int M, int64_t N, int64_t K, const DeviceInfo& dev) {
+  const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
+  const int steps = int(ceil_div(KT, 2));
+  if (M < 1 || M > 16 || size_t(M) * (steps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) return 0;
+  const int rg = int(ceil_div(ceil_div(N, kRows), dev.sms));
+  return smem_bytes<T, K_BITS>(M, steps, rg, dev.smem_reserved);
 }
 
 template <typename T, int K_BITS, int FMT, int NT>
@@ -490,12 +564,13 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
   const int steps = int(ceil_div(KT, 2));
   const int64_t groups = ceil_div(N, kRows);
-  if (size_t(M) * (steps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) return cudaErrorInvalidValue;
   // 32-bit block indices and sizes inside the kernel
   if (KT * kTileBlocks * N * K_BITS >= (int64_t(1) << 31) || N >= (int64_t(1) << 30)) return cudaErrorInvalidValue;
   int device = 0;
   cudaGetDevice(&device);
   const DeviceInfo& dev = device_info(device);
+  const size_t bytes = call_smem_bytes<T, K_BITS>(M, N, K, dev);
+  if (bytes == 0 || bytes > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
   auto kernel = mma_kernel<T, K_BITS, FMT, NT>;
   // once per instantiation: the shared-memory opt-in
   static const cudaError_t attr_err = cudaFuncSetAttribute(
@@ -503,8 +578,6 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   if (attr_err != cudaSuccess) return attr_err;
   // One CTA per SM: the fewest row groups per CTA that cover the rows in one wave.
   const int rg = int(ceil_div(groups, dev.sms));
-  const size_t bytes = smem_bytes<T, K_BITS>(M, steps, rg);
-  if (bytes > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
   const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   kernel<<<unsigned(ceil_div(groups, rg)), kThreadsPerCta<NT>, bytes, s>>>(
@@ -551,6 +624,25 @@ cudaError_t launch_k(int k, int fmt, int M, cudaStream_t s, const void* x, int64
 }  // namespace kbit
 
 extern "C" int kbit_mma_max_x_bytes(void) { return kbit::kMaxXSmem; }
+
+extern "C" int64_t kbit_mma_smem_bytes(int device, int dtype, int k, int64_t M, int64_t N, int64_t K) {
+  using namespace kbit;
+  if (device < 0 || N < 1 || K < 1) return 0;
+  const DeviceInfo& dev = device_info(device);
+  const bool half = dtype == KBIT_F16 || dtype == KBIT_BF16;
+  if (!half || M < 1 || M > 16) return 0;
+  switch (k) {  // the table size depends on k only; the x size on the dtype's width (2 bytes)
+    case 2: return int64_t(call_smem_bytes<__half, 2>(int(M), N, K, dev));
+    case 3: return int64_t(call_smem_bytes<__half, 3>(int(M), N, K, dev));
+    case 4: return int64_t(call_smem_bytes<__half, 4>(int(M), N, K, dev));
+    case 5: return int64_t(call_smem_bytes<__half, 5>(int(M), N, K, dev));
+  }
+  return 0;
+}
+
+extern "C" int kbit_device_smem_optin(int device) {
+  return device < 0 ? 0 : kbit::device_info(device).smem_optin;
+}
 
 extern "C" int kbit_mma(int device, void* stream, const void* x, int dtype, int64_t M,
                         int64_t ldx, const int32_t* packed, const void* absmax, int absmax_format,

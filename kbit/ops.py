@@ -10,6 +10,8 @@ native library trusts what it is given.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -379,34 +381,29 @@ MMA_MAX_X_BYTES = _lib._lib.kbit_mma_max_x_bytes() if _lib.available() else 136 
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
-# csrc/mma.cu: codebook table + its alignment pad (k = 3, 4: aligned to its size)
-_MMA_TABLE_BYTES = {2: 256 * 32 * 8, 3: 2 * 128 * 32 * 4 - 16, 4: 2 * 256 * 32 * 4 - 16, 5: 32 * 4}
-_device_limits: dict = {}
-
-
-def _smem_limits(device) -> tuple[int, int]:
-    """(opt-in shared memory per block, SM count) of a CUDA device, cached."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _device_limits:
-        p = torch.cuda.get_device_properties(index)
-        _device_limits[index] = (int(getattr(p, "shared_memory_per_block_optin", 48 * 1024)),
-                                 int(p.multi_processor_count))
-    return _device_limits[index]
-
 
 def mma_supports(m: int, kdim: int, n: int | None = None, k: int | None = None, device=None) -> bool:
     """Whether the tensor-core kernel takes x [m, kdim]: staged x within MMA_MAX_X_BYTES and,
-    given n, k and a CUDA device, all of its shared memory within the device's limit (the
-    same rule as csrc/mma.cu's launcher)."""
+    given n, k and a CUDA device, the call's shared memory within the device's limit (asked
+    of the library: the launcher's own rule)."""
     steps = -(-kdim // 128)
     x_bytes = m * (steps * 128 + 16) * 2
     if not (1 <= m <= MMA_MAX_M and x_bytes <= MMA_MAX_X_BYTES):
         return False
     if n is None or k is None or device is None or torch.device(device).type != "cuda":
         return True
-    optin, sms = _smem_limits(torch.device(device))
-    rg = -(-(-(-n // 16)) // sms)
-    return _MMA_TABLE_BYTES[k] + 1024 + x_bytes + rg * m * 64 <= optin
+    if not _lib.available():
+        return False
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _mma_smem_fits(index, k, m, n, kdim)
+
+
+@torch.compiler.assume_constant_result  # a pure function of its arguments: traced as a constant
+@functools.lru_cache(maxsize=4096)
+def _mma_smem_fits(index: int, k: int, m: int, n: int, kdim: int) -> bool:
+    need = _lib._lib.kbit_mma_smem_bytes(index, 1, k, m, n, kdim)  # KBIT_F16: 2-byte x
+    return 0 < need <= _lib._lib.kbit_device_smem_optin(index)
 
 
 def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
