@@ -43,16 +43,25 @@ namespace {
 #endif
 
 #ifndef KBIT_MMA_WARPS
-#define KBIT_MMA_WARPS 32  // overridable for experiments (scripts/build_variant.sh)
+#define KBIT_MMA_WARPS 16  // overridable for experiments (scripts/build_variant.sh)
 #endif
-// Warps per CTA: M <= 8 (one token tile) 32 warps of <= 64 registers; M = 9..16 (two token
-// tiles, 16 accumulators) 16 warps of <= 128 registers (64 spilled).
+// Warps per CTA: 16 of <= 128 registers (32 warps were 10-15% slower on the small shapes
+// once the ring's first loads stopped blocking the table build, NOTES.md).
 template <int NT> constexpr int kWarpsPerCta = NT == 1 ? KBIT_MMA_WARPS : 16;
 template <int NT> constexpr int kThreadsPerCta = kWarpsPerCta<NT> * 32;
 #ifndef KBIT_MMA_DEPTH
 #define KBIT_MMA_DEPTH(k) ((k) >= 4 ? 2 : 3)
 #endif
 template <int K_BITS> constexpr int kDepth = KBIT_MMA_DEPTH(K_BITS);  // items in flight per warp (registers)
+// Items a warp loads before the table build: each load waits in the SM's load/store queue
+// ahead of the build's shared stores, so a full ring there delays the whole CTA.
+#ifndef KBIT_MMA_UPFRONT
+#define KBIT_MMA_UPFRONT 1
+#endif
+template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UPFRONT;
+#ifndef KBIT_MMA_BULK_MIN_RG
+#define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
+#endif
 constexpr int kStepK = 128;                 // k values per step
 constexpr int kRows = 16;                   // weight rows per step (the MMA's M)
 constexpr int kXPad = 16;                   // halves of padding per staged x row (bank spread)
@@ -119,6 +128,27 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
+// mbarriers and bulk asynchronous copies (the TMA unit), shared addresses as 32-bit values.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(bar),
+      "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
 // Position (0..31) inside the lane's block of the value that MMA s, slot u (0..3) uses:
 // slots 0, 1 form A register 0 (row g) / 1 (row g + 8) and slots 2, 3 registers 2 / 3 (k = 2c,
 // 2c + 1 and 2c + 8, 2c + 9 of the MMA). It follows from the decode below; the x staging
@@ -172,6 +202,25 @@ __device__ __forceinline__ void load_block(uint32_t (&w)[K_BITS], uint32_t& scal
   else if constexpr (FMT == KBIT_ABSMAX_F16) s = __ldg(static_cast<const unsigned short*>(absmax) + blk);
   else s = __float_as_uint(__ldg(static_cast<const float*>(absmax) + blk));
   scale_bits = valid ? s : 0u;
+}
+
+// One block's words and stored absmax from a bulk-copied stage in shared memory.
+template <int K_BITS, int FMT>
+__device__ __forceinline__ void read_block(uint32_t (&w)[K_BITS], uint32_t& scale_bits, const char* wp,
+                                           const char* sp) {
+  if constexpr (K_BITS == 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(wp);
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  } else if constexpr (K_BITS == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(wp);
+    w[0] = v.x; w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int b = 0; b < K_BITS; b++) w[b] = reinterpret_cast<const uint32_t*>(wp)[b];
+  }
+  if constexpr (FMT == KBIT_ABSMAX_E4M4) scale_bits = *reinterpret_cast<const uint8_t*>(sp);
+  else if constexpr (FMT == KBIT_ABSMAX_F16) scale_bits = *reinterpret_cast<const unsigned short*>(sp);
+  else scale_bits = *reinterpret_cast<const uint32_t*>(sp);
 }
 
 // The block scale as a packed pair in T (without the per-tensor power of two). E4M4 comes
@@ -312,28 +361,49 @@ constexpr int kZeroBytes = 256;  // a zero x "row" of one step, read by the lane
 // Shared memory: the table and the "rest" = [E4M4 scales][zero row][x][accumulator]. k = 5:
 // [table][rest]. k = 2..4: the table starts at the first 64 KB boundary of the shared window
 // and the rest goes in front of it when it fits there, else behind it.
+// The bulk variant adds S stages (stage_bytes each, 128-byte aligned, after the table and
+// the rest) and 2 S mbarriers (at the end of the rest).
 template <typename T>
-__host__ __device__ size_t rest_bytes(int M, int steps, int rg) {
+__host__ __device__ size_t rest_bytes(int M, int steps, int rg, int n_stages) {
   return kScaleTableBytes + kZeroBytes + size_t(M) * (steps * kStepK + kXPad) * sizeof(T) +
-         size_t(rg) * M * kRows * sizeof(float);
+         size_t(rg) * M * kRows * sizeof(float) + 16 * size_t(n_stages);
 }
 // Bytes to ask for, given that dynamic shared memory starts `reserved` bytes into the window
 // (the kernel checks the layout it derives against what it got).
 template <typename T, int K_BITS>
-size_t smem_bytes(int M, int steps, int rg, int reserved) {
-  const size_t rest = rest_bytes<T>(M, steps, rg);
-  if (!kAlignedTable<K_BITS>) return table_bytes<K_BITS>() + rest;
+size_t smem_bytes(int M, int steps, int rg, int reserved, int n_stages, int stage_bytes) {
+  const size_t rest = rest_bytes<T>(M, steps, rg, n_stages);
+  const size_t stages = n_stages > 0 ? 128 + size_t(n_stages) * stage_bytes : 0;
+  if (!kAlignedTable<K_BITS>) return table_bytes<K_BITS>() + rest + stages;
   const size_t front = kTableAlign - reserved % kTableAlign;
-  return front + table_bytes<K_BITS>() + (rest <= front ? 0 : rest);
+  return front + table_bytes<K_BITS>() + (rest <= front ? 0 : rest) + stages;
 }
+// Bulk variant: bytes of one stage (2 k-tiles of the CTA's rg * 16 rows: words, then scales).
+template <int K_BITS>
+__host__ __device__ constexpr int words_chunk(int rg) { return rg * kRows * kTileBlocks * K_BITS * 4; }
+__host__ __device__ constexpr int scales_chunk(int rg, int scale_bytes) { return rg * kRows * kTileBlocks * scale_bytes; }
+template <int K_BITS>
+__host__ __device__ constexpr int stage_bytes_of(int rg, int scale_bytes) {
+  return (2 * (words_chunk<K_BITS>(rg) + scales_chunk(rg, scale_bytes)) + 127) / 128 * 128;
+}
+template <int FMT> constexpr int kScaleBytes = FMT == KBIT_ABSMAX_E4M4 ? 1 : FMT == KBIT_ABSMAX_F16 ? 2 : 4;
 
-template <typename T, int K_BITS, int FMT, int NT>
+// BULK = false: each warp loads its items' blocks into registers (a ring of kDepth items).
+// BULK = true (N % 16 == 0, 16-byte aligned weights, rg_per_cta < warps): the last warp's lane
+// 0 streams the CTA's weights step by step into a ring of n_stages shared-memory stages with
+// bulk asynchronous copies (mbarrier "full" / "empty" per stage); consumer warp w works on row
+// group w % rg_per_cta and every P-th step from w / rg_per_cta (P = consumers / rg_per_cta), so
+// the warps of one step are its rg_per_cta row groups and the ring moves in step order. The
+// loads then never occupy the warps' load/store queue (which the register ring fills while the
+// shared-memory table build waits behind it) and a CTA keeps n_stages steps in flight.
+template <typename T, int K_BITS, int FMT, int NT, bool BULK>
 __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
-    int steps, int rg_per_cta, int items_per_warp, float shift_up, bool vec_x,
+    int steps, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
     const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   constexpr int kThreads = kThreadsPerCta<NT>;
+  constexpr int kWarps = kWarpsPerCta<NT>;
   KBIT_MMA_MARK(0, 0u);
   extern __shared__ __align__(16) char smem[];
   const uint32_t smem_sh = uint32_t(__cvta_generic_to_shared(smem));
@@ -344,16 +414,28 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     table_sh = (smem_sh + kTableAlign - 1) & ~(kTableAlign - 1);
     const uint32_t front = table_sh - smem_sh;
     table = smem + front;
-    const size_t rest = rest_bytes<T>(M, steps, rg_per_cta);
+    const size_t rest = rest_bytes<T>(M, steps, rg_per_cta, n_stages);
     scales = rest <= front ? smem : table + table_bytes<K_BITS>();
+  }
+  // stages (bulk variant): 128-byte aligned after the table and the rest
+  const uint32_t stage_bytes = stage_bytes_of<K_BITS>(rg_per_cta, kScaleBytes<FMT>);
+  const size_t used = max(size_t(scales - smem) + rest_bytes<T>(M, steps, rg_per_cta, n_stages),
+                          size_t(table - smem) + table_bytes<K_BITS>());
+  const uint32_t stages_sh = uint32_t(smem_sh + used + 127) & ~127u;
+  char* stages = smem + (stages_sh - smem_sh);
+  {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (size_t(scales - smem) + rest > dyn || front + table_bytes<K_BITS>() > dyn) __trap();  // launcher bug
+    if (used > dyn || (n_stages > 0 && size_t(stages - smem) + size_t(n_stages) * stage_bytes > dyn))
+      __trap();  // launcher bug
   }
   T* zero_row = reinterpret_cast<T*>(scales + kScaleTableBytes);
   T* xs = zero_row + kZeroBytes / sizeof(T);
   const int x_row = steps * kStepK + kXPad;  // halves
   float* acc_s = reinterpret_cast<float*>(xs + size_t(M) * x_row);
+  // bulk variant: mbarriers full[S], empty[S] after the accumulator (8-byte aligned)
+  const uint32_t full_sh = uint32_t(__cvta_generic_to_shared(acc_s + size_t(rg_per_cta) * M * kRows));
+  const uint32_t empty_sh = full_sh + 8 * n_stages;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -437,14 +519,49 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     load_block<K_BITS, FMT>(it.w[1], it.scale_bits[1], packed, absmax, cur.block + 16, kt_ok && cur.row_hi);
   };
 
-  // 1. Put this warp's first kDepth items in flight before anything else.
-  constexpr int D = kDepth<K_BITS>;
+  // 1. Put the first weights in flight before anything else: this warp's first kDepth items
+  // (register ring), or (bulk) the first n_stages steps of the CTA.
+  constexpr int D = BULK ? 1 : kDepth<K_BITS>;
   Item<K_BITS> ring[D];
   Cursor load_cur = cursor_at(item0);
+  const int groups = (N + kRows - 1) / kRows;
+  const int rg_valid = min(rg_per_cta, groups - group0);
+  // bulk: step s -> stage s % n_stages; the copies of its (up to) 2 k-tiles of rows
+  // group0 * 16 .. + rows (words, then scales) complete on full[stage]
+  const int rows = rg_valid * kRows;
+  const uint32_t wchunk = words_chunk<K_BITS>(rg_per_cta), schunk = scales_chunk(rg_per_cta, kScaleBytes<FMT>);
+  auto issue = [&](int step, int stage) {
+    const uint32_t bar = full_sh + 8 * stage, dst = stages_sh + stage * stage_bytes;
+    const int kts = min(2, KT - 2 * step);
+    const uint32_t wb = rows * kTileBlocks * K_BITS * 4, sb = rows * kTileBlocks * kScaleBytes<FMT>;
+    mbar_expect_tx(bar, kts * (wb + sb));
+    for (int j = 0; j < kts; j++) {
+      const size_t blk = (size_t(2 * step + j) * N + size_t(group0) * kRows) * kTileBlocks;
+      bulk_copy(dst + j * wchunk, packed + blk * K_BITS, wb, bar);
+      bulk_copy(dst + 2 * wchunk + j * schunk, static_cast<const char*>(absmax) + blk * kScaleBytes<FMT>, sb, bar);
+    }
+  };
+  if constexpr (BULK) {
+    if (warp == kWarps - 1) {
+      if (lane == 0) {
+        for (int i = 0; i < n_stages; i++) {
+          mbar_init(full_sh + 8 * i, 1);
+          mbar_init(empty_sh + 8 * i, rg_valid);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      }
+      __syncwarp();
+      // the first fill from all lanes of the producer warp (one lane's copies took ~0.1 us
+      // each to issue)
+      for (int step = lane; step < min(n_stages, steps); step += 32) issue(step, step);
+    }
+  } else {
 #pragma unroll
-  for (int d = 0; d < D; d++) {
-    load(ring[d], load_cur, d < n_items);
-    advance(load_cur);
+    for (int d = 0; d < kUpfront<D>; d++) {
+      load(ring[d], load_cur, d < n_items);
+      advance(load_cur);
+    }
   }
   KBIT_MMA_MARK(1, 0u);
 
@@ -483,8 +600,15 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
   for (int i = threadIdx.x; i < rg_per_cta * M * kRows; i += kThreads) acc_s[i] = 0.f;
   __syncthreads();
+  if constexpr (!BULK) {
+#pragma unroll
+    for (int d = kUpfront<D>; d < D; d++) {
+      load(ring[d], load_cur, d < n_items);
+      advance(load_cur);
+    }
+  }
   KBIT_MMA_MARK(2, 0u);
-  KBIT_MMA_MARK(3, ring[0].w[0][0] ^ ring[0].w[1][0]);
+  KBIT_MMA_MARK(3, BULK ? 0u : ring[0].w[0][0] ^ ring[0].w[1][0]);
 
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
   // after i is decoded. Two accumulators per token tile halve the chain of dependent MMAs.
@@ -508,8 +632,50 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
         acc[tt][0][i] = acc[tt][1][i] = 0.f;
       }
   };
+  if constexpr (BULK) {
+    if (warp == kWarps - 1) {  // the producer refills each stage once its row groups read it
+      if (lane == 0)
+        for (int step = n_stages; step < steps; step++) {
+          const int stage = step % n_stages;
+          mbar_wait(empty_sh + 8 * stage, ((step / n_stages) - 1) & 1);
+          issue(step, stage);
+        }
+    } else {
+      const int P = (kWarps - 1) / rg_per_cta, rgw = warp % rg_per_cta, p = warp / rg_per_cta;
+      if (p < P && rgw < rg_valid) {
+        int stage = p % n_stages;
+        uint32_t phase = (p / n_stages) & 1;
+        const int row = rgw * kRows + g;  // row g + 8's block is 16 blocks later
+        const uint32_t woff = (c >> 1) * wchunk + (row * kTileBlocks + (c & 1)) * K_BITS * 4;
+        const uint32_t soff = 2 * wchunk + (c >> 1) * schunk + (row * kTileBlocks + (c & 1)) * kScaleBytes<FMT>;
+        for (int step = p; step < steps; step += P) {
+          mbar_wait(full_sh + 8 * stage, phase);
+          const char* sp = stages + size_t(stage) * stage_bytes;
+          Item<K_BITS> it;
+          read_block<K_BITS, FMT>(it.w[0], it.scale_bits[0], sp + woff, sp + soff);
+          read_block<K_BITS, FMT>(it.w[1], it.scale_bits[1], sp + woff + 8 * kTileBlocks * K_BITS * 4,
+                                  sp + soff + 8 * kTileBlocks * kScaleBytes<FMT>);
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty_sh + 8 * stage);
+          if (2 * step + (c >> 1) >= KT) it.scale_bits[0] = it.scale_bits[1] = 0u;  // no such k-tile
+          const uint32_t s2[2] = {scale_pair<T, FMT>(it.scale_bits[0], scales),
+                                  scale_pair<T, FMT>(it.scale_bits[1], scales)};
+          const T* xb[NT];
+#pragma unroll
+          for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(step, 0, 0) : 0);
+          item_mma<T, K_BITS, NT>(it, s2, table, lane_base, xb, acc);
+          stage += P;
+          while (stage >= n_stages) {
+            stage -= n_stages;
+            phase ^= 1u;
+          }
+        }
+        flush(rgw);
+      }
+    }
+  }
   Cursor cur = cursor_at(item0);
-  for (int base = 0; base < n_items; base += D) {
+  for (int base = 0; !BULK && base < n_items; base += D) {
 #pragma unroll
     for (int d = 0; d < D; d++) {
       if (base + d < n_items) {
@@ -554,7 +720,19 @@ size_t call_smem_bytes(int M, int64_t N, int64_t K, const DeviceInfo& dev) {
   const int steps = int(ceil_div(KT, 2));
   if (M < 1 || M > 16 || size_t(M) * (steps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) return 0;
   const int rg = int(ceil_div(ceil_div(N, kRows), dev.sms));
-  return smem_bytes<T, K_BITS>(M, steps, rg, dev.smem_reserved);
+  return smem_bytes<T, K_BITS>(M, steps, rg, dev.smem_reserved, 0, 0);
+}
+
+#ifndef KBIT_MMA_MAX_STAGES
+#define KBIT_MMA_MAX_STAGES 32  // overridable for experiments; 0 disables the bulk variant
+#endif
+
+// Once per kernel: allow it the device's opt-in shared memory.
+template <auto Kernel>
+cudaError_t smem_optin(const DeviceInfo& dev) {
+  static const cudaError_t err =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
+  return err;
 }
 
 template <typename T, int K_BITS, int FMT, int NT>
@@ -571,20 +749,39 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   const DeviceInfo& dev = device_info(device);
   const size_t bytes = call_smem_bytes<T, K_BITS>(M, N, K, dev);
   if (bytes == 0 || bytes > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
-  auto kernel = mma_kernel<T, K_BITS, FMT, NT>;
-  // once per instantiation: the shared-memory opt-in
-  static const cudaError_t attr_err = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
-  if (attr_err != cudaSuccess) return attr_err;
   // One CTA per SM: the fewest row groups per CTA that cover the rows in one wave.
   const int rg = int(ceil_div(groups, dev.sms));
-  const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
+  // The bulk variant when its copies are legal (16-byte aligned chunks: whole row groups,
+  // aligned tensors), its warp split exists and at least 2 stages (or all steps) fit.
+  int n_stages = 0;
+  size_t bulk_bytes = 0;
+  // Each bulk copy costs the producer ~0.1 us to issue (measured: 4 copies per step), so
+  // small chunks (few row groups per CTA) stream slower than the register ring.
+  if (rg >= KBIT_MMA_BULK_MIN_RG && N % kRows == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(absmax) % 16 == 0 && rg <= kWarpsPerCta<NT> - 1) {
+    const int sb = stage_bytes_of<K_BITS>(rg, kScaleBytes<FMT>);
+    for (int st = min(steps, KBIT_MMA_MAX_STAGES); st >= min(steps, 2) && st > 0; st--) {
+      bulk_bytes = smem_bytes<T, K_BITS>(M, steps, rg, dev.smem_reserved, st, sb);
+      if (bulk_bytes <= size_t(dev.smem_optin)) {
+        n_stages = st;
+        break;
+      }
+    }
+  }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  kernel<<<unsigned(ceil_div(groups, rg)), kThreadsPerCta<NT>, bytes, s>>>(
-      static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N), int(K), int(KT), steps, rg,
-      items_per_warp, ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias),
-      static_cast<T*>(out), ldo);
-  return cudaGetLastError();
+  auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int items_per_warp) {
+    if (attr_err != cudaSuccess) return attr_err;
+    kernel<<<unsigned(ceil_div(groups, rg)), kThreadsPerCta<NT>, smem, s>>>(
+        static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N), int(K), int(KT), steps, rg,
+        items_per_warp, n_stages, ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias),
+        static_cast<T*>(out), ldo);
+    return cudaGetLastError();
+  };
+  if (n_stages > 0)
+    return run(mma_kernel<T, K_BITS, FMT, NT, true>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, true>>(dev),
+               bulk_bytes, 0);
+  return run(mma_kernel<T, K_BITS, FMT, NT, false>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, false>>(dev),
+             bytes, int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>)));
 }
 
 template <typename T, int K_BITS, int FMT>

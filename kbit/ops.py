@@ -10,8 +10,6 @@ native library trusts what it is given.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
@@ -396,14 +394,24 @@ def mma_supports(m: int, kdim: int, n: int | None = None, k: int | None = None, 
         return False
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _mma_smem_fits(index, k, m, n, kdim)
+    return m <= _mma_max_m(index, k, n, kdim)  # m may be symbolic (torch.compile)
 
 
-@torch.compiler.assume_constant_result  # a pure function of its arguments: traced as a constant
-@functools.lru_cache(maxsize=4096)
-def _mma_smem_fits(index: int, k: int, m: int, n: int, kdim: int) -> bool:
-    need = _lib._lib.kbit_mma_smem_bytes(index, 1, k, m, n, kdim)  # KBIT_F16: 2-byte x
-    return 0 < need <= _lib._lib.kbit_device_smem_optin(index)
+_max_m: dict = {}
+
+
+# A pure function of its (constant) arguments, so torch.compile evaluates it while tracing and
+# keeps the result (it cannot trace the ctypes calls); M stays out of it since it may be
+# symbolic.
+@torch.compiler.assume_constant_result
+def _mma_max_m(index: int, k: int, n: int, kdim: int) -> int:
+    """The largest M <= MMA_MAX_M whose mma call fits the device's shared memory (0: none)."""
+    key = (index, k, n, kdim)
+    if key not in _max_m:
+        optin = _lib._lib.kbit_device_smem_optin(index)
+        _max_m[key] = max([0] + [m for m in range(1, MMA_MAX_M + 1)
+                                 if 0 < _lib._lib.kbit_mma_smem_bytes(index, 1, k, m, n, kdim) <= optin])
+    return _max_m[key]
 
 
 def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):

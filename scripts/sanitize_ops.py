@@ -30,5 +30,12 @@ for k in (2, 4):
         for m in (1, 12):
             ops.mma(torch.randn(m, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook,
                     n, kdim, t.absmax_exponent)
+# mma's bulk-copy variant (>= 6 row groups per CTA on 132 SMs; K = 320: odd k-tile count)
+for k in (3, 4):
+    for fmt in ("e4m4", "fp32"):
+        t = kbit.repack(kbit.quantize(torch.randn(12288, 320, device="cuda") * 0.1, k=k, absmax_format=fmt))
+        for m in (1, 12):
+            ops.mma(torch.randn(m, 320, device="cuda").half(), t.packed, t.absmax, t.codebook,
+                    12288, 320, t.absmax_exponent)
 torch.cuda.synchronize()
 print("sanitize_ops: done")

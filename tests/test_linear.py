@@ -86,6 +86,27 @@ def test_mma_absmax_formats_exponent_bias(device, absmax_format, rng):
             assert err <= TOL[torch.bfloat16], (absmax_format, scale, m, err)
 
 
+@pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_mma_bulk_copy_variant(device, k, rng):
+    """csrc/mma.cu streams the weights with bulk copies when a CTA owns >= 6 row groups
+    (N = 12288: 768 groups, 6 per CTA on 128..153 SMs), N % 16 == 0 and aligned tensors:
+    every k, absmax format, M in both token-tile variants, K = 320 (5 k-tiles: the last step
+    has one), a bias, NaN-poisoned outputs. Same bounds as test_mma_small_m."""
+    n, kdim = 12288, 320
+    w = random_weight(n, kdim, gen=rng, device=device, spread=0.5)
+    for fmt in ("e4m4", "fp16", "fp32"):
+        q = kbit.repack(kbit.quantize(w, k=k, absmax_format=fmt))
+        for dtype in (torch.float16, torch.bfloat16):
+            bias = torch.randn(n, generator=rng).to(dtype).to(device)
+            for m in (1, 7, 12):
+                x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
+                out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
+                err = _rel_err(out.cpu(), _reference(x, q, bias))
+                assert err <= TOL[dtype], (fmt, dtype, m, err)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name, m, k", [("mma", 11, 3), ("gemv", 3, 5)])
 def test_small_m_opcheck(device, name, m, k, rng):
