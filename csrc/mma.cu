@@ -478,6 +478,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   };
   T x0[16];
   if (int(threadIdx.x) < units) fetch_x(threadIdx.x, x0);
+  KBIT_MMA_MARK(6, 0u);
   const int group0 = blockIdx.x * rg_per_cta;
   const int item0 = warp * items_per_warp;
   const int n_items = max(0, min(items_per_warp, rg_per_cta * steps - item0));
@@ -524,6 +525,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   constexpr int D = BULK ? 1 : kDepth<K_BITS>;
   Item<K_BITS> ring[D];
   Cursor load_cur = cursor_at(item0);
+  KBIT_MMA_MARK(7, 0u);
   const int groups = (N + kRows - 1) / kRows;
   const int rg_valid = min(rg_per_cta, groups - group0);
   // bulk: step s -> stage s % n_stages; the copies of its (up to) 2 k-tiles of rows

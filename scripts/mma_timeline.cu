@@ -3,16 +3,19 @@
 //   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc scripts/mma_timeline.cu -o tl
 // Run on the GPU:  ./tl [k M]     (k = 4, M = 1 by default; the built-in shapes)
 // Prints, per shape: the time per call in CUDA-graph replays with the weights rotated past L2
-// (cold), the weight bytes per second, and the mean over CTAs of when their warps reach each
-// point of the kernel, in ns after the earliest CTA started (%globaltimer): loads issued,
-// prologue done, first weights in registers, main loop done, C written. Random weights
-// (timing only; correctness is the test suite's job).
+// (cold: weights, x and codebook rotated past L2), the weight bytes per second, and the mean
+// over CTAs of when their warps reach each point of the kernel, in ns after the earliest CTA
+// started (%globaltimer): first weight loads issued, prologue done, first weights in
+// registers, main loop done (first/last warp), C written (first/last warp), the last CTA's
+// end; then x0/1, cur0/1, iss0: first/last warp done issuing its x loads, done with its load
+// cursor, first warp done issuing its weight loads. Random weights (timing only; correctness
+// is the test suite's job).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-__device__ unsigned long long kbit_tl[2048][6][2];  // [CTA][point][first warp, last warp]
+__device__ unsigned long long kbit_tl[2048][8][2];  // [CTA][point][first warp, last warp]
 __device__ __forceinline__ void kbit_tl_mark(int i, unsigned dep) {
   if (dep == 0x9e3779b9u) return;  // makes the timer read wait for `dep`
   unsigned long long t;
@@ -55,8 +58,8 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   printf("%s, k=%d, M=%d; us per call (graph, cold), timeline ns after the first CTA starts\n", prop.name, k, M);
-  printf("%-7s %7s %7s %6s | %5s %6s %6s %6s %6s %6s %6s %6s %6s\n", "shape", "us", "GB/s", "CTAs",
-         "start", "issued", "prolog", "data", "loop0", "loop1", "end0", "end1", "span");
+  printf("%-7s %7s %7s %6s | %5s %6s %6s %6s %6s %6s %6s %6s %6s %11s %11s %6s\n", "shape", "us", "GB/s", "CTAs",
+         "start", "issued", "prolog", "data", "loop0", "loop1", "end0", "end1", "span", "x0/1", "cur0/1", "iss0");
   {  // the per-call floor in this harness
     cudaGraph_t g; cudaGraphExec_t ge; cudaEvent_t a, b;
     CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
@@ -80,8 +83,8 @@ int main(int argc, char** argv) {
     uint32_t* packed; uint8_t* absmax; float* cb; __half* x; __half* out;
     CK(cudaMalloc(&packed, words * 4 * copies));
     CK(cudaMalloc(&absmax, scales * copies));
-    CK(cudaMalloc(&cb, 32 * 4));
-    CK(cudaMalloc(&x, size_t(M) * sh.K * 2));
+    CK(cudaMalloc(&cb, 32 * 4 * copies));
+    CK(cudaMalloc(&x, size_t(M) * sh.K * 2 * copies));
     CK(cudaMalloc(&out, size_t(M) * sh.N * 2 * copies));
     fill_random<<<1024, 256, 0, s>>>(packed, words * copies, 1);
     // absmax codes 0x60..0x7f (E4M4: about 2^-5 .. 2^-4), x halves of small magnitude
@@ -90,13 +93,14 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(absmax, hs.data(), hs.size(), cudaMemcpyHostToDevice));
     std::vector<float> hcb(32);
     for (int i = 0; i < 32; i++) hcb[i] = -1.f + 2.f * i / 31.f;
-    CK(cudaMemcpy(cb, hcb.data(), 128, cudaMemcpyHostToDevice));
-    std::vector<__half> hx(size_t(M) * sh.K);
+    for (int c = 0; c < copies; c++) CK(cudaMemcpy(cb + 32 * c, hcb.data(), 128, cudaMemcpyHostToDevice));
+    std::vector<__half> hx(size_t(M) * sh.K * copies);  // x and codebook per copy: cold like the weights
     for (size_t i = 0; i < hx.size(); i++) hx[i] = __float2half(float(int(i * 37 % 17) - 8) / 16.f);
     CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     auto call = [&](int c) {
-      int e = kbit_mma(0, s, x, KBIT_F16, M, sh.K, reinterpret_cast<const int32_t*>(packed + words * c),
-                       absmax + scales * c, KBIT_ABSMAX_E4M4, cb, k, sh.N, sh.K, 0, nullptr,
+      int e = kbit_mma(0, s, x + size_t(M) * sh.K * c, KBIT_F16, M, sh.K,
+                       reinterpret_cast<const int32_t*>(packed + words * c), absmax + scales * c,
+                       KBIT_ABSMAX_E4M4, cb + 32 * c, k, sh.N, sh.K, 0, nullptr,
                        out + size_t(M) * sh.N * c, sh.N);
       if (e != 0) { fprintf(stderr, "kbit_mma: %s\n", cudaGetErrorString(cudaError_t(e))); exit(1); }
     };
@@ -121,7 +125,7 @@ int main(int argc, char** argv) {
     std::sort(t.begin(), t.end());
     const float us = t[t.size() / 2];
     // timeline of one more call, after the graph's calls evicted its copy from L2
-    std::vector<unsigned long long> init(2048 * 6 * 2);
+    std::vector<unsigned long long> init(2048 * 8 * 2);
     for (size_t i = 0; i < init.size(); i++) init[i] = (i & 1) ? 0ull : ~0ull;
     CK(cudaGraphLaunch(ge, s));
     CK(cudaMemcpyToSymbolAsync(kbit_tl, init.data(), init.size() * 8, 0, cudaMemcpyHostToDevice, s));
@@ -132,16 +136,16 @@ int main(int argc, char** argv) {
     int ctas = 0;
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < 2048; c++)
-      if (tl[(c * 6 + 0) * 2 + 1] != 0) { ctas++; t0 = std::min(t0, tl[(c * 6 + 0) * 2]); }
-    double mean[6][2] = {};
+      if (tl[(c * 8 + 0) * 2 + 1] != 0) { ctas++; t0 = std::min(t0, tl[(c * 8 + 0) * 2]); }
+    double mean[8][2] = {};
     unsigned long long last = 0;
-    for (int c = 0; c < ctas; c++) last = std::max(last, tl[(c * 6 + 5) * 2 + 1] - t0);
+    for (int c = 0; c < ctas; c++) last = std::max(last, tl[(c * 8 + 5) * 2 + 1] - t0);
     for (int c = 0; c < ctas; c++)
-      for (int p = 0; p < 6; p++)
-        for (int w = 0; w < 2; w++) mean[p][w] += double(tl[(c * 6 + p) * 2 + w] - t0) / ctas;
-    printf("%-7s %7.2f %7.0f %6d | %5.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6llu\n", sh.name, us,
+      for (int p = 0; p < 8; p++)
+        for (int w = 0; w < 2; w++) mean[p][w] += double(tl[(c * 8 + p) * 2 + w] - t0) / ctas;
+    printf("%-7s %7.2f %7.0f %6d | %5.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6llu %5.0f/%5.0f %5.0f/%5.0f %6.0f\n", sh.name, us,
            bytes / (us * 1e3), ctas, mean[0][0], mean[1][1], mean[2][1], mean[3][1], mean[4][0],
-           mean[4][1], mean[5][0], mean[5][1], last);
+           mean[4][1], mean[5][0], mean[5][1], last, mean[6][0], mean[6][1], mean[7][0], mean[7][1], mean[1][0]);
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     CK(cudaFree(packed)); CK(cudaFree(absmax)); CK(cudaFree(cb)); CK(cudaFree(x)); CK(cudaFree(out));
   }
