@@ -99,6 +99,22 @@ inline int ctas_per_sm(Kernel kernel, int threads) {
   return blocks > 0 ? blocks : 1;
 }
 
+// The k plane words of one block, loaded with the widest aligned vector load: blocks start at
+// multiples of k words, so k = 4 is one 16-byte load and k = 2 one 8-byte load.
+template <int K_BITS>
+__device__ __forceinline__ void load_words(uint32_t (&w)[K_BITS], const int32_t* src) {
+  if constexpr (K_BITS == 4) {
+    const int4 v = __ldg(reinterpret_cast<const int4*>(src));
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  } else if constexpr (K_BITS == 2) {
+    const int2 v = __ldg(reinterpret_cast<const int2*>(src));
+    w[0] = v.x; w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int b = 0; b < K_BITS; b++) w[b] = uint32_t(__ldg(src + b));
+  }
+}
+
 // Persistent grid: one wave of `per_sm` CTAs on every SM of the current device, at most
 // `ctas_needed` (and at least 1).
 inline unsigned persistent_grid(int per_sm, int64_t ctas_needed) {

@@ -22,23 +22,7 @@ constexpr int kThreads = 256;
 // beat more loads per warp. NOTES.md has the series.
 constexpr int kGroupsPerThread = 2;
 
-// The k plane words of one block, loaded with the widest aligned vector load: blocks start at
-// multiples of k words, so k = 4 is one 16-byte load and k = 2 one 8-byte load.
-template <int K_BITS>
-__device__ __forceinline__ void load_words(uint32_t (&w)[K_BITS], const int32_t* src) {
-  if constexpr (K_BITS == 4) {
-    const int4 v = __ldg(reinterpret_cast<const int4*>(src));
-    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-  } else if constexpr (K_BITS == 2) {
-    const int2 v = __ldg(reinterpret_cast<const int2*>(src));
-    w[0] = v.x; w[1] = v.y;
-  } else {
-#pragma unroll
-    for (int b = 0; b < K_BITS; b++) w[b] = uint32_t(__ldg(src + b));
-  }
-}
-
-template <typename T, int K_BITS, bool VEC, int kGroupsPerThread>
+template <typename T, int K_BITS, bool VEC, int GROUPS>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int32_t* __restrict__ packed, const void* __restrict__ absmax, int absmax_format,
     const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KB, int layout,
@@ -59,15 +43,15 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
   __syncthreads();
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
 
-  // Persistent: each CTA strides over chunks of kThreads * kGroupsPerThread consecutive
+  // Persistent: each CTA strides over chunks of kThreads * GROUPS consecutive
   // groups of the flattened [N, KB * 4] group index.
-  constexpr uint32_t chunk = kThreads * kGroupsPerThread;
+  constexpr uint32_t chunk = kThreads * GROUPS;
   for (uint32_t base = blockIdx.x * chunk; base < total_groups; base += gridDim.x * chunk) {
-    uint32_t bytes[kGroupsPerThread][K_BITS];
-    float scale[kGroupsPerThread];
-    int64_t dst_offset[kGroupsPerThread];
+    uint32_t bytes[GROUPS][K_BITS];
+    float scale[GROUPS];
+    int64_t dst_offset[GROUPS];
 #pragma unroll
-    for (int i = 0; i < kGroupsPerThread; i++) {
+    for (int i = 0; i < GROUPS; i++) {
       const uint32_t item = base + i * kThreads + threadIdx.x;
       const uint32_t n = groups_per_row.div(item);
       const uint32_t g = item - n * groups_per_row.d;
@@ -85,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
       }
     }
 #pragma unroll
-    for (int i = 0; i < kGroupsPerThread; i++) {
+    for (int i = 0; i < GROUPS; i++) {
       if (dst_offset[i] < 0) continue;
       uint32_t offs_lo = 0, offs_hi = 0;  // byte j: 4 * index of element j (lo) / j + 4 (hi)
 #pragma unroll

@@ -17,20 +17,21 @@
 // r, r + 4, r + 8, ... (r = word); one shared-memory load then returns two (k = 3, 4) or four
 // (k = 2) codebook values, packed, from a byte of indices, multiplied by the block scale with
 // one packed multiply per pair. The table is private per lane (entry e of lane L at byte
-// e * 256 + L * entry bytes), so the lookups of a warp never conflict, and one PRMT forms the
-// whole offset (the byte of indices as byte 1, the lane's offset as byte 0; k = 3, 4 leave
-// half of each 256-byte row unused). k = 5 looks up single values in a 32-entry float table. The block scale (E4M4: exact in fp16 and
-// bf16) multiplies the codebook value in the activation dtype; the per-tensor power of two
-// multiplies the fp32 accumulator at the end, so it cannot overflow or underflow the 16-bit
-// weights.
+// e * 256 + L * entry bytes, the table 64 KB aligned in the shared window), so the lookups of
+// a warp never conflict and one PRMT forms the whole shared address (the byte of indices as
+// byte 1, the lane's offset as byte 0, the table's address as bytes 2-3; k = 3, 4 leave half
+// of each 256-byte row unused). k = 5 looks up single values in a 32-entry float table. The
+// block scale (E4M4: exact in fp16 and bf16) multiplies the codebook value in the activation
+// dtype; the per-tensor power of two multiplies the fp32 accumulator at the end, so it cannot
+// overflow or underflow the 16-bit weights.
 //
-// Work split: one CTA of 32 warps per SM (the codebook table and staged x are built once per
-// SM); a CTA owns RG groups of 16 rows over all of K and its warps share its RG * steps items
-// ("item" = one warp step) in contiguous runs; each warp issues the loads of its next kDepth
-// items before it decodes one (register ring), so every lane has several sectors in flight
-// from the start. Warps add their fp32 results into a shared accumulator when their row group
-// changes and at the end; the CTA then writes C. RG = the fewest row groups per CTA that
-// cover the rows in one wave.
+// Work split: one CTA of 16 warps per SM (the codebook table and staged x are built once per
+// SM); a CTA owns RG groups of 16 rows over all of K (RG = the fewest row groups per CTA that
+// cover the rows in one wave). Two ways to feed it (see mma_kernel): a register ring per warp
+// (the warps share the CTA's RG * steps items, "item" = one warp step, in contiguous runs), or
+// for RG >= 6 a ring of shared-memory stages filled by bulk asynchronous copies. Warps add
+// their fp32 results into a shared accumulator when their row group changes and at the end;
+// the CTA then writes C. NOTES.md has the measured timeline of a call (scripts/mma_timeline.cu).
 #include "common.cuh"
 
 namespace kbit {
@@ -186,17 +187,7 @@ __device__ __forceinline__ void load_block(uint32_t (&w)[K_BITS], uint32_t& scal
                                            const void* __restrict__ absmax, uint32_t block,
                                            bool valid) {
   const uint32_t blk = valid ? block : 0u;
-  const int32_t* src = packed + blk * K_BITS;
-  if constexpr (K_BITS == 4) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
-    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-  } else if constexpr (K_BITS == 2) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
-    w[0] = v.x; w[1] = v.y;
-  } else {
-#pragma unroll
-    for (int b = 0; b < K_BITS; b++) w[b] = uint32_t(__ldg(src + b));
-  }
+  load_words<K_BITS>(w, packed + blk * K_BITS);
   uint32_t s;
   if constexpr (FMT == KBIT_ABSMAX_E4M4) s = __ldg(static_cast<const uint8_t*>(absmax) + blk);
   else if constexpr (FMT == KBIT_ABSMAX_F16) s = __ldg(static_cast<const unsigned short*>(absmax) + blk);
@@ -388,14 +379,17 @@ __host__ __device__ constexpr int stage_bytes_of(int rg, int scale_bytes) {
 }
 template <int FMT> constexpr int kScaleBytes = FMT == KBIT_ABSMAX_E4M4 ? 1 : FMT == KBIT_ABSMAX_F16 ? 2 : 4;
 
-// BULK = false: each warp loads its items' blocks into registers (a ring of kDepth items).
-// BULK = true (N % 16 == 0, 16-byte aligned weights, rg_per_cta < warps): the last warp's lane
-// 0 streams the CTA's weights step by step into a ring of n_stages shared-memory stages with
-// bulk asynchronous copies (mbarrier "full" / "empty" per stage); consumer warp w works on row
-// group w % rg_per_cta and every P-th step from w / rg_per_cta (P = consumers / rg_per_cta), so
-// the warps of one step are its rg_per_cta row groups and the ring moves in step order. The
-// loads then never occupy the warps' load/store queue (which the register ring fills while the
-// shared-memory table build waits behind it) and a CTA keeps n_stages steps in flight.
+// BULK = false: each warp loads its items' blocks into registers (a ring of kDepth items; the
+// first kUpfront before the table build, the rest after it).
+// BULK = true (RG >= KBIT_MMA_BULK_MIN_RG, N % 16 == 0, 16-byte aligned weights, RG < warps):
+// the last warp streams the CTA's weights step by step into a ring of n_stages shared-memory
+// stages with bulk asynchronous copies (4 per step: 2 k-tiles x words, scales; mbarrier
+// "full" / "empty" per stage); consumer warp w works on row group w % rg_per_cta and every
+// P-th step from w / rg_per_cta (P = consumers / rg_per_cta), so the warps of one step are its
+// rg_per_cta row groups and the ring moves in step order. These loads never occupy the SM's
+// load/store queue (where the register ring's loads hold up the table build) and a CTA keeps
+// n_stages steps in flight; but each copy took ~50 ns of the SM's copy unit (measured), which
+// only pays off for large chunks (many row groups per CTA).
 template <typename T, int K_BITS, int FMT, int NT, bool BULK>
 __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,

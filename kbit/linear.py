@@ -112,13 +112,12 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
-    if (x2.is_cuda and 0 < m <= ops.MMA_MAX_M and not torch.compiler.is_compiling()
-            and next((name for top, name in DISPATCH if m <= top), None) == "mma"):
+    kernel = next((name for top, name in DISPATCH if m <= top), None)
+    if x2.is_cuda and m > 0 and kernel == "mma" and not torch.compiler.is_compiling():
         y = _fast_mma(x2, qweight, bias, out, m, n, kdim)
         if y is not None:
             return out if y is out else y.view(*lead, n)
     small = None
-    kernel = next((name for top, name in DISPATCH if m <= top), None)
     if qweight.layout == "tiled64" and m > 0 and kernel == "mma":
         if ops.mma_supports(m, kdim, n, qweight.k, x.device):
             small = (ops.mma, ops.mma_out)
