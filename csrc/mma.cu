@@ -129,25 +129,36 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
-// mbarriers and bulk asynchronous copies (the TMA unit), shared addresses as 32-bit values.
+// mbarriers and bulk asynchronous copies (the TMA unit, sm_90+), shared addresses as 32-bit
+// values. Compiled for older targets they trap: the launcher only picks the bulk variant when
+// the kernel's binary is sm_90+ (bulk_capable).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define KBIT_BULK_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define KBIT_BULK_ASM(...) __trap()
+#endif
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+  KBIT_BULK_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  KBIT_BULK_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
+  KBIT_BULK_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  KBIT_BULK_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+  KBIT_BULK_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
+  KBIT_BULK_ASM(
       "{\n .reg .pred p;\n"
       "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(bar),
       "r"(parity) : "memory");
 }
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar) : "memory");
+  KBIT_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
 // Position (0..31) inside the lane's block of the value that MMA s, slot u (0..3) uses:
@@ -544,8 +555,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
           mbar_init(full_sh + 8 * i, 1);
           mbar_init(empty_sh + 8 * i, rg_valid);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        mbar_fence_init();
       }
       __syncwarp();
       // the first fill from all lanes of the producer warp (one lane's copies took ~0.1 us
@@ -723,6 +733,19 @@ size_t call_smem_bytes(int M, int64_t N, int64_t K, const DeviceInfo& dev) {
 #define KBIT_MMA_MAX_STAGES 32  // overridable for experiments; 0 disables the bulk variant
 #endif
 
+// Once per kernel: whether its binary for this device is sm_90+ code (bulk copies), not an
+// older target's (e.g. JIT-compiled compute_80 PTX on a Hopper GPU).
+template <auto Kernel>
+bool bulk_capable(int device) {
+  static signed char known[64] = {};  // 0 unknown, 1 yes, -1 no (per device)
+  if (device < 0 || device >= 64) return false;
+  if (known[device] == 0) {
+    cudaFuncAttributes attr;
+    known[device] = cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess && attr.binaryVersion >= 90 ? 1 : -1;
+  }
+  return known[device] == 1;
+}
+
 // Once per kernel: allow it the device's opt-in shared memory.
 template <auto Kernel>
 cudaError_t smem_optin(const DeviceInfo& dev) {
@@ -753,7 +776,8 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   size_t bulk_bytes = 0;
   // Each bulk copy costs the producer ~0.1 us to issue (measured: 4 copies per step), so
   // small chunks (few row groups per CTA) stream slower than the register ring.
-  if (rg >= KBIT_MMA_BULK_MIN_RG && N % kRows == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0 &&
+  if (rg >= KBIT_MMA_BULK_MIN_RG && bulk_capable<mma_kernel<T, K_BITS, FMT, NT, true>>(device) &&
+      N % kRows == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(absmax) % 16 == 0 && rg <= kWarpsPerCta<NT> - 1) {
     const int sb = stage_bytes_of<K_BITS>(rg, kScaleBytes<FMT>);
     for (int st = min(steps, KBIT_MMA_MAX_STAGES); st >= min(steps, 2) && st > 0; st--) {
