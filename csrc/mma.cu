@@ -360,25 +360,52 @@ __host__ __device__ constexpr int frag_index(int t, int s, int c) { return ((t *
 
 constexpr int kZeroBytes = 256;  // a zero x "row" of one step, read by the lanes of tokens >= M
 
-// Shared memory: the table and the "rest" = [E4M4 scales][zero row][x][accumulator]. k = 5:
-// [table][rest]. k = 2..4: the table starts at the first 64 KB boundary of the shared window
-// and the rest goes in front of it when it fits there, else behind it.
-// The bulk variant adds S stages (stage_bytes each, 128-byte aligned, after the table and
-// the rest) and 2 S mbarriers (at the end of the rest).
-template <typename T>
-__host__ __device__ size_t rest_bytes(int M, int steps, int rg, int n_stages) {
-  return kScaleTableBytes + kZeroBytes + size_t(M) * (steps * kStepK + kXPad) * sizeof(T) +
-         size_t(rg) * M * kRows * sizeof(float) + 16 * size_t(n_stages);
+// Shared memory (byte offsets from the start of dynamic shared memory, whose shared address is
+// `base`): the table; "small" = [E4M4 scales][zero row][accumulator][2 S mbarriers]; the staged
+// x rows; (bulk) S stages, 128-byte aligned, last. k = 5: [table][small][x][stages]. k = 2..4:
+// the table starts at the first 64 KB boundary of the shared window; small and as many x rows
+// as fit go in front of it, the other x rows behind it (if small does not fit in front,
+// everything goes behind).
+struct Layout {
+  size_t table, small, x_front, x_back, stages, end;
+  int rows_front;  // x rows in front of the table (rows >= this one live at x_back)
+};
+template <typename T, int K_BITS>
+__host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int rg, int n_stages, int stage_bytes) {
+  const size_t small = kScaleTableBytes + kZeroBytes + size_t(rg) * M * kRows * sizeof(float) + 16 * size_t(n_stages);
+  const size_t row = size_t(steps * kStepK + kXPad) * sizeof(T);
+  Layout l;
+  size_t used;
+  if (!kAlignedTable<K_BITS>) {
+    l.table = 0;
+    l.small = table_bytes<K_BITS>();
+    l.x_front = l.x_back = l.small + small;
+    l.rows_front = M;
+    used = l.x_front + M * row;
+  } else {
+    l.table = ((base + kTableAlign - 1) & ~(kTableAlign - 1)) - base;
+    const size_t table_end = l.table + table_bytes<K_BITS>();
+    if (small <= l.table) {
+      l.small = 0;
+      l.x_front = small;
+      l.rows_front = int(min(size_t(M), (l.table - small) / row));
+      l.x_back = table_end;
+    } else {
+      l.small = table_end;
+      l.x_front = l.x_back = table_end + small;
+      l.rows_front = 0;
+    }
+    used = max(table_end, l.x_back + (M - l.rows_front) * row);
+  }
+  l.stages = n_stages > 0 ? ((base + used + 127) & ~size_t(127)) - base : used;
+  l.end = l.stages + size_t(n_stages) * stage_bytes;
+  return l;
 }
 // Bytes to ask for, given that dynamic shared memory starts `reserved` bytes into the window
-// (the kernel checks the layout it derives against what it got).
+// (the kernel derives the layout from where it actually starts and checks it against this).
 template <typename T, int K_BITS>
 size_t smem_bytes(int M, int steps, int rg, int reserved, int n_stages, int stage_bytes) {
-  const size_t rest = rest_bytes<T>(M, steps, rg, n_stages);
-  const size_t stages = n_stages > 0 ? 128 + size_t(n_stages) * stage_bytes : 0;
-  if (!kAlignedTable<K_BITS>) return table_bytes<K_BITS>() + rest + stages;
-  const size_t front = kTableAlign - reserved % kTableAlign;
-  return front + table_bytes<K_BITS>() + (rest <= front ? 0 : rest) + stages;
+  return layout_of<T, K_BITS>(uint32_t(reserved), M, steps, rg, n_stages, stage_bytes).end;
 }
 // Bulk variant: bytes of one stage (2 k-tiles of the CTA's rg * 16 rows: words, then scales).
 template <int K_BITS>
@@ -412,35 +439,29 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   KBIT_MMA_MARK(0, 0u);
   extern __shared__ __align__(16) char smem[];
   const uint32_t smem_sh = uint32_t(__cvta_generic_to_shared(smem));
-  char* table = smem;
-  char* scales = smem + table_bytes<K_BITS>();
-  uint32_t table_sh = smem_sh;
-  if constexpr (kAlignedTable<K_BITS>) {
-    table_sh = (smem_sh + kTableAlign - 1) & ~(kTableAlign - 1);
-    const uint32_t front = table_sh - smem_sh;
-    table = smem + front;
-    const size_t rest = rest_bytes<T>(M, steps, rg_per_cta, n_stages);
-    scales = rest <= front ? smem : table + table_bytes<K_BITS>();
-  }
-  // stages (bulk variant): 128-byte aligned after the table and the rest
   const uint32_t stage_bytes = stage_bytes_of<K_BITS>(rg_per_cta, kScaleBytes<FMT>);
-  const size_t used = max(size_t(scales - smem) + rest_bytes<T>(M, steps, rg_per_cta, n_stages),
-                          size_t(table - smem) + table_bytes<K_BITS>());
-  const uint32_t stages_sh = uint32_t(smem_sh + used + 127) & ~127u;
-  char* stages = smem + (stages_sh - smem_sh);
+  const Layout lay = layout_of<T, K_BITS>(smem_sh, M, steps, rg_per_cta, n_stages, stage_bytes);
   {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (used > dyn || (n_stages > 0 && size_t(stages - smem) + size_t(n_stages) * stage_bytes > dyn))
-      __trap();  // launcher bug
+    if (lay.end > dyn) __trap();  // launcher bug
   }
+  char* table = smem + lay.table;
+  const uint32_t table_sh = smem_sh + uint32_t(lay.table);
+  char* scales = smem + lay.small;
   T* zero_row = reinterpret_cast<T*>(scales + kScaleTableBytes);
-  T* xs = zero_row + kZeroBytes / sizeof(T);
-  const int x_row = steps * kStepK + kXPad;  // halves
-  float* acc_s = reinterpret_cast<float*>(xs + size_t(M) * x_row);
+  float* acc_s = reinterpret_cast<float*>(scales + kScaleTableBytes + kZeroBytes);
   // bulk variant: mbarriers full[S], empty[S] after the accumulator (8-byte aligned)
   const uint32_t full_sh = uint32_t(__cvta_generic_to_shared(acc_s + size_t(rg_per_cta) * M * kRows));
   const uint32_t empty_sh = full_sh + 8 * n_stages;
+  char* stages = smem + lay.stages;
+  const uint32_t stages_sh = smem_sh + uint32_t(lay.stages);
+  const int x_row = steps * kStepK + kXPad;  // halves
+  // staged x row of token m: in front of the table or behind it
+  auto x_at = [&](int m) {
+    return m < lay.rows_front ? reinterpret_cast<T*>(smem + lay.x_front) + size_t(m) * x_row
+                              : reinterpret_cast<T*>(smem + lay.x_back) + size_t(m - lay.rows_front) * x_row;
+  };
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -470,7 +491,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   auto stage_x = [&](int unit, const T (&v)[16]) {
     const int m = unit / (steps * 8), rest = unit - m * steps * 8;
     const int t = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
-    T* dst = xs + size_t(m) * x_row;
+    T* dst = x_at(m);
 #pragma unroll
     for (int s = 0; s < 8; s++) {
       // MMA s slot u reads block position slot_position(s, u) = 16h' + q' (one h' per s)
@@ -626,7 +647,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
 #pragma unroll
   for (int tt = 0; tt < NT; tt++) {
     tok_ok[tt] = tt * 8 + g < M;
-    xb0[tt] = (tok_ok[tt] ? xs + size_t(tt * 8 + g) * x_row : zero_row) + frag_index(0, 0, c);
+    xb0[tt] = (tok_ok[tt] ? x_at(tt * 8 + g) : zero_row) + frag_index(0, 0, c);
   }
   auto flush = [&](int rg) {
 #pragma unroll

@@ -44,7 +44,8 @@ def test_gemv_small_m(device, k, dtype, rng):
             assert err <= TOL[dtype], (n, kdim, m, err)
 
 
-MMA_SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (8, 33), (2048, 512), (136, 5120)]
+MMA_SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (8, 33), (2048, 512), (136, 5120),
+              (64, 4096)]  # last: at M >= 8 the staged x rows sit on both sides of the table
 MMA_MS = (1, 2, 3, 4, 5, 8, 9, 15, 16)
 
 
