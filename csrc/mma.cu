@@ -754,25 +754,32 @@ size_t call_smem_bytes(int M, int64_t N, int64_t K, const DeviceInfo& dev) {
 #define KBIT_MMA_MAX_STAGES 32  // overridable for experiments; 0 disables the bulk variant
 #endif
 
-// Once per kernel: whether its binary for this device is sm_90+ code (bulk copies), not an
-// older target's (e.g. JIT-compiled compute_80 PTX on a Hopper GPU).
+// Once per kernel and device: whether its code was compiled for sm_90+ (bulk copies), not
+// JIT-compiled from an older target's PTX (binaryVersion would report the device's arch
+// then; ptxVersion reports the target the code was written for).
 template <auto Kernel>
 bool bulk_capable(int device) {
   static signed char known[64] = {};  // 0 unknown, 1 yes, -1 no (per device)
   if (device < 0 || device >= 64) return false;
   if (known[device] == 0) {
     cudaFuncAttributes attr;
-    known[device] = cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess && attr.binaryVersion >= 90 ? 1 : -1;
+    known[device] = cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess && attr.ptxVersion >= 90 ? 1 : -1;
   }
   return known[device] == 1;
 }
 
-// Once per kernel: allow it the device's opt-in shared memory.
+// Once per kernel and device (the attribute belongs to the current device's context): allow
+// the kernel the device's opt-in shared memory.
 template <auto Kernel>
-cudaError_t smem_optin(const DeviceInfo& dev) {
-  static const cudaError_t err =
-      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
-  return err;
+cudaError_t smem_optin(int device, const DeviceInfo& dev) {
+  static cudaError_t err[64];
+  static bool done[64] = {};
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  if (!done[device]) {
+    err[device] = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
+    done[device] = true;
+  }
+  return err[device];
 }
 
 template <typename T, int K_BITS, int FMT, int NT>
@@ -801,7 +808,13 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
       N % kRows == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(absmax) % 16 == 0 && rg <= kWarpsPerCta<NT> - 1) {
     const int sb = stage_bytes_of<K_BITS>(rg, kScaleBytes<FMT>);
+    // P consumer warps per row group take every P-th step; when the ring wraps (fewer stages
+    // than steps), the stage count must be a multiple of P so that a stage's next use is read
+    // by the warps that read its previous one (else a warp could wait on a stage's next
+    // "full" phase before its previous phase completed, and pass the parity test at once).
+    const int P = (kWarpsPerCta<NT> - 1) / rg;
     for (int st = min(steps, KBIT_MMA_MAX_STAGES); st >= min(steps, 2) && st > 0; st--) {
+      if (st < steps && st % P != 0) continue;
       bulk_bytes = smem_bytes<T, K_BITS>(M, steps, rg, dev.smem_reserved, st, sb);
       if (bulk_bytes <= size_t(dev.smem_optin)) {
         n_stages = st;
@@ -819,9 +832,9 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     return cudaGetLastError();
   };
   if (n_stages > 0)
-    return run(mma_kernel<T, K_BITS, FMT, NT, true>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, true>>(dev),
+    return run(mma_kernel<T, K_BITS, FMT, NT, true>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, true>>(device, dev),
                bulk_bytes, 0);
-  return run(mma_kernel<T, K_BITS, FMT, NT, false>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, false>>(dev),
+  return run(mma_kernel<T, K_BITS, FMT, NT, false>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, false>>(device, dev),
              bytes, int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>)));
 }
 

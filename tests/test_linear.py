@@ -108,6 +108,24 @@ def test_mma_bulk_copy_variant(device, k, rng):
                 assert err <= TOL[dtype], (fmt, dtype, m, err)
 
 
+@pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
+@pytest.mark.parametrize("k", [2, 4])
+def test_mma_bulk_copy_ring_wraps(device, k, rng):
+    """The bulk variant with more steps than stages (K = 4160: 33 steps, the last with one
+    k-tile) and 2 consumer warps per row group (6 row groups per CTA on 128..153 SMs): the
+    stage ring wraps, which needs the stage count to be a multiple of 2 (csrc/mma.cu)."""
+    n, kdim = 12288, 4160
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
+    w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                       q.absmax_exponent, torch.float32)
+    for m in (1, 12):
+        x = torch.randn(m, kdim, generator=rng).to(torch.float16).to(device)
+        out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
+        ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, None, out)
+        err = _rel_err(out.cpu(), ref.linear(x.cpu(), w, None))
+        assert err <= TOL[torch.float16], (m, err)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name, m, k", [("mma", 11, 3), ("gemv", 3, 5)])
 def test_small_m_opcheck(device, name, m, k, rng):
