@@ -75,6 +75,22 @@ struct DeviceGuard {
   }
 };
 
+// The extern "C" entry of a small-M kernel (kbit_gemv, kbit_mma): make `device` current,
+// return at once for an empty problem, reject M > max_m, then call launch(T{}) with T the
+// activation type of `dtype` (fp16 or bf16).
+template <typename Launch>
+int small_m_entry(int device, int dtype, int64_t M, int64_t N, int64_t max_m, Launch&& launch) {
+  DeviceGuard guard(device);
+  if (guard.err != cudaSuccess) return guard.err;
+  if (M == 0 || N == 0) return cudaSuccess;
+  if (M > max_m) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case KBIT_F16: return launch(__half());
+    case KBIT_BF16: return launch(__nv_bfloat16());
+  }
+  return cudaErrorInvalidValue;
+}
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // n / d and n % d for a fixed d >= 1 and n < 2^32 with a multiply-high instead of a division

@@ -27,9 +27,7 @@ constexpr int kThreads = KBIT_DQ_THREADS;
 #define KBIT_DQ_GROUPS 2  // overridable for experiments (scripts/build_variant.sh)
 #endif
 constexpr int kGroupsPerThread = KBIT_DQ_GROUPS;
-#ifndef KBIT_DQ_STREAM_STORES
-#define KBIT_DQ_STREAM_STORES 0  // 1: st.global.cs (evict-first) for the output (experiment)
-#endif
+
 
 template <typename T, int K_BITS, bool VEC, int GROUPS>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(
@@ -96,12 +94,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
       T* dst = out + dst_offset[i];
       if (VEC) {
         if constexpr (sizeof(T) == 2) {
-          const uint4 v = *reinterpret_cast<const uint4*>(vals);
-          if constexpr (KBIT_DQ_STREAM_STORES)
-            asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y),
-                         "r"(v.z), "r"(v.w) : "memory");
-          else
-            *reinterpret_cast<uint4*>(dst) = v;
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
         } else {
           reinterpret_cast<float4*>(dst)[0] = *reinterpret_cast<const float4*>(vals);
           reinterpret_cast<float4*>(dst)[1] = *reinterpret_cast<const float4*>(vals + 4);

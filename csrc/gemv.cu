@@ -225,15 +225,9 @@ extern "C" int kbit_gemv(int device, void* stream, const void* x, int dtype, int
                          int absmax_format, const float* codebook, int k, int64_t N, int64_t K,
                          int absmax_exponent, const void* bias, void* out, int64_t ldo) {
   using namespace kbit;
-  DeviceGuard guard(device);
-  if (guard.err != cudaSuccess) return guard.err;
-  if (M == 0 || N == 0) return cudaSuccess;
-  if (M > 4) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int m = int(M);
-  switch (dtype) {
-    case KBIT_F16: return launch_k<__half>(k, m, s, x, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
-    case KBIT_BF16: return launch_k<__nv_bfloat16>(k, m, s, x, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
-  }
-  return cudaErrorInvalidValue;
+  return small_m_entry(device, dtype, M, N, 4, [&](auto t) {
+    return launch_k<decltype(t)>(k, int(M), s, x, ldx, packed, absmax, absmax_format, codebook, N, K,
+                                 absmax_exponent, bias, out, ldo);
+  });
 }

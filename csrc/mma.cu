@@ -900,15 +900,9 @@ extern "C" int kbit_mma(int device, void* stream, const void* x, int dtype, int6
                         const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
                         const void* bias, void* out, int64_t ldo) {
   using namespace kbit;
-  DeviceGuard guard(device);
-  if (guard.err != cudaSuccess) return guard.err;
-  if (M == 0 || N == 0) return cudaSuccess;
-  if (M > 16) return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int m = int(M);
-  switch (dtype) {
-    case KBIT_F16: return launch_k<__half>(k, absmax_format, m, s, x, ldx, packed, absmax, codebook, N, K, absmax_exponent, bias, out, ldo);
-    case KBIT_BF16: return launch_k<__nv_bfloat16>(k, absmax_format, m, s, x, ldx, packed, absmax, codebook, N, K, absmax_exponent, bias, out, ldo);
-  }
-  return cudaErrorInvalidValue;
+  return small_m_entry(device, dtype, M, N, 16, [&](auto t) {
+    return launch_k<decltype(t)>(k, absmax_format, int(M), s, x, ldx, packed, absmax, codebook, N, K,
+                                 absmax_exponent, bias, out, ldo);
+  });
 }
