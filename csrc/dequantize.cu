@@ -1,9 +1,10 @@
 // dequantize: bit-planes + absmax (flat or tiled64 layout) -> out [N, K] in fp32/fp16/bf16.
 //
 // Thread mapping: a thread writes 8 consecutive output values of a row (a 16-byte store for
-// fp16/bf16) for 2 groups 256 groups apart, loading both groups' words before computing;
-// each warp store instruction writes 512 contiguous bytes. The grid is persistent (as many CTAs
-// as fit at once, striding over the flattened group index): with one short-lived CTA per row, the chained
+// fp16/bf16) for 2 groups 256 items apart, loading both groups' words before computing.
+// Items are numbered row-major for flat (a warp store writes 512 contiguous bytes) and in
+// bands of rows for tiled64 (band_rows below). The grid is persistent (as many CTAs as fit
+// at once, striding over the item index): with one short-lived CTA per row, the chained
 // latencies of each CTA (codebook load, barrier, word loads) capped the big-matrix rate at
 // ~50% of the streaming rate (NOTES.md). The 4 threads of a
 // block read the same k plane words (one sector, merged by L1) and the absmax byte; the
@@ -27,13 +28,34 @@ constexpr int kThreads = KBIT_DQ_THREADS;
 #define KBIT_DQ_GROUPS 2  // overridable for experiments (scripts/build_variant.sh)
 #endif
 constexpr int kGroupsPerThread = KBIT_DQ_GROUPS;
+// tiled64 work order: bands of kBand<K> rows, split into segments of kSeg<K> groups (8 values
+// each); items run through a segment's groups row by row, then the next segment, then the
+// next band. A thread's 2 groups are kThreads items apart: with kSeg = 256 they are the same
+// columns of 2 adjacent rows, whose words are adjacent in tiled64. Measured on H100 at
+// 8192x28672 (NOTES.md, dequantize v8): row-major (1, 128) gives 82-85% of the GEMV rate at
+// every k; (4, 256) 91-93% at k = 2 and 4 but 76-78% at k = 5; (2, 256) 87-88% at k = 3.
+// KBIT_DQ_BAND / KBIT_DQ_SEG override every k (experiments).
+template <int K_BITS> constexpr uint32_t band_rows() {
+#ifdef KBIT_DQ_BAND
+  return KBIT_DQ_BAND;
+#else
+  return K_BITS == 5 ? 1 : K_BITS == 3 ? 2 : 4;
+#endif
+}
+template <int K_BITS> constexpr uint32_t segment_groups() {
+#ifdef KBIT_DQ_SEG
+  return KBIT_DQ_SEG;
+#else
+  return K_BITS == 5 ? 128 : 256;
+#endif
+}
 
 
 template <typename T, int K_BITS, bool VEC, int GROUPS>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int32_t* __restrict__ packed, const void* __restrict__ absmax, int absmax_format,
     const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KB, int layout,
-    float shift_up, FastDivmod groups_per_row, uint32_t total_groups, T* __restrict__ out) {
+    float shift_up, FastDivmod item_div, uint32_t total_groups, T* __restrict__ out) {
   // cb: the codebook. spread[v] for a 4-bit v holds bit j of v at bit 8j + 2: OR-ing
   // spread[nibble of plane b] << b over the planes gives, in byte j, 4 * (index of element j),
   // the byte offset of its codebook entry. Two shared loads per plane replace 4 bit
@@ -49,6 +71,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
   }
   __syncthreads();
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
+  constexpr uint32_t kBand = band_rows<K_BITS>(), kSeg = segment_groups<K_BITS>();
 
   // Persistent: each CTA strides over chunks of kThreads * GROUPS consecutive
   // groups of the flattened [N, KB * 4] group index.
@@ -60,10 +83,18 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
 #pragma unroll
     for (int i = 0; i < GROUPS; i++) {
       const uint32_t item = base + i * kThreads + threadIdx.x;
-      const uint32_t n = groups_per_row.div(item);
-      const uint32_t g = item - n * groups_per_row.d;
-      const int64_t col0 = int64_t(g) * 8;
       dst_offset[i] = -1;
+      uint32_t n, g;
+      if (layout == KBIT_LAYOUT_FLAT) {  // item = n * (groups per row) + g
+        n = item_div.div(item);
+        g = item - n * item_div.d;
+      } else {  // item = ((band * S + segment) * kBand + row in band) * kSeg + group in segment
+        const uint32_t q = item / kSeg, q2 = q / kBand, band = item_div.div(q2);
+        n = band * kBand + q % kBand;
+        g = (q2 - band * item_div.d) * kSeg + item % kSeg;
+        if (n >= N) continue;  // padding rows of the last band (dst_offset stays -1)
+      }
+      const int64_t col0 = int64_t(g) * 8;
       if (item < total_groups && col0 < K) {  // skip the padding of a partial last block
         const int64_t bi = block_index(layout, n, g >> 2, N, KB);
         scale[i] = load_absmax(absmax, absmax_format, bi) * shift_up;
@@ -115,11 +146,16 @@ cudaError_t launch_typed(cudaStream_t stream, const int32_t* packed, const void*
                          void* out) {
   constexpr int G = kGroupsPerThread;
   const int64_t KB = ceil_div(K, kBlock);
-  const int64_t total = N * KB * 4;
+  const bool flat = layout == KBIT_LAYOUT_FLAT;
+  // Items: flat row-major; tiled64 in bands and segments (band_rows / segment_groups), the
+  // item count padded to whole bands and segments (padding items write nothing).
+  constexpr int64_t kBand = band_rows<K_BITS>(), kSeg = segment_groups<K_BITS>();
+  const int64_t segs = ceil_div(KB * 4, kSeg);
+  const int64_t total = flat ? N * KB * 4 : ceil_div(N, kBand) * kBand * segs * kSeg;
   if (total >= (int64_t(1) << 32) - kThreads * G) return cudaErrorInvalidValue;
   const int64_t ctas = ceil_div(total, kThreads * G);
   const float shift_up = ldexpf(1.f, exponent);
-  const FastDivmod groups_per_row(uint32_t(KB * 4));
+  const FastDivmod item_div(uint32_t(flat ? KB * 4 : segs));
   T* o = static_cast<T*>(out);
   // Vector stores need every 8-value group inside the row and 16-byte aligned rows.
   const bool vec = K % 8 == 0 && (reinterpret_cast<uintptr_t>(out) % 16) == 0;
@@ -128,10 +164,10 @@ cudaError_t launch_typed(cudaStream_t stream, const int32_t* packed, const void*
   static const int occupancy_false = ctas_per_sm(dequantize_kernel<T, K_BITS, false, G>, kThreads);
   if (vec)
     dequantize_kernel<T, K_BITS, true, G><<<persistent_grid(occupancy_true, ctas), kThreads, 0, stream>>>(
-        packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, groups_per_row, uint32_t(total), o);
+        packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, item_div, uint32_t(total), o);
   else
     dequantize_kernel<T, K_BITS, false, G><<<persistent_grid(occupancy_false, ctas), kThreads, 0, stream>>>(
-        packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, groups_per_row, uint32_t(total), o);
+        packed, absmax, fmt, codebook, N, K, KB, layout, shift_up, item_div, uint32_t(total), o);
   return cudaGetLastError();
 }
 

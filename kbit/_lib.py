@@ -61,7 +61,7 @@ _SIGNATURES = {
 
 def _load() -> None:
     global _lib, _load_error
-    path = Path(os.environ.get("KBIT_LIBRARY", _HERE / "libkbit_cuda.so"))
+    path = Path(os.environ.get("KBIT_LIBRARY") or _HERE / "libkbit_cuda.so")
     if not path.exists():
         _load_error = f"{path} not found (kbit was installed without nvcc)"
         return
