@@ -1,11 +1,13 @@
 """kbit.linear: C = x @ W^T (+ bias) for a k-bit W, any leading dims of x, fp16/bf16.
 
-Dispatch (tiled64 weights) follows DISPATCH below: the kernel that was fastest on every dense
-shape and k in `kbit bench --suite linear` (H100, 2026-11-22, NOTES.md; rerun that command
-to regenerate the comparison) for each range of M. A flat weight, or an M past the table,
-takes dequantize into a reused per-(device, stream, dtype) buffer + torch.nn.functional.linear
-(cuBLAS). With `out` given (contiguous [M, N], x's dtype) the small-M kernels write into it
-directly.
+Dispatch (tiled64 weights): `kernel_for` looks the (N, K, k) of the weight up in
+kbit/dispatch_table.py, the fastest kernel per range of M measured by `kbit bench --suite
+linear` (the table's header has the command that regenerates it); other shapes use its
+DEFAULT (the tensor-core kernel for M <= 16). "mma" falls back to the scalar GEMV (M <= 4)
+when x is too large to stage in shared memory (mma_supports), then to dequantize. A flat
+weight, or an M past the table, takes dequantize into a reused per-(device, stream, dtype)
+buffer + torch.nn.functional.linear (cuBLAS). With `out` given (contiguous [M, N], x's
+dtype) the small-M kernels write into it directly.
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ import weakref
 
 import torch
 
-from . import _lib, ops
+from . import _lib, dispatch_table, ops
 from .format import QuantizedWeight
 
 _dequant_buffers: dict = {}
 
-# (largest M, kernel) in increasing M; "mma" falls back to "gemv" when x is too large to
-# stage in shared memory (mma_supports) and M <= 4, else to dequantize + cuBLAS.
-DISPATCH = ((ops.MMA_MAX_M, "mma"),)
+
+def kernel_for(m: int, n: int, kdim: int, k: int) -> str:
+    """"gemv", "mma" or "dq": the kernel of the dispatch table for an [m, kdim] x and an
+    [n, kdim] k-bit weight (before the shared-memory check of "mma")."""
+    for top, name in dispatch_table.TABLE.get((n, kdim, k), dispatch_table.DEFAULT):
+        if m <= top:
+            return name
+    return "dq"
 
 
 def _dequant_buffer(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
@@ -112,14 +119,14 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
-    kernel = next((name for top, name in DISPATCH if m <= top), None)
+    kernel = kernel_for(m, n, kdim, qweight.k)
     if x2.is_cuda and m > 0 and kernel == "mma" and not torch.compiler.is_compiling():
         y = _fast_mma(x2, qweight, bias, out, m, n, kdim)
         if y is not None:
             return out if y is out else y.view(*lead, n)
     small = None
-    if qweight.layout == "tiled64" and m > 0 and kernel == "mma":
-        if ops.mma_supports(m, kdim, n, qweight.k, x.device):
+    if qweight.layout == "tiled64" and m > 0 and kernel != "dq":
+        if kernel == "mma" and ops.mma_supports(m, kdim, n, qweight.k, x.device):
             small = (ops.mma, ops.mma_out)
         elif m <= ops.GEMV_MAX_M:
             small = (ops.gemv, ops.gemv_out)

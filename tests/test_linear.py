@@ -200,3 +200,54 @@ def test_linear_torch_compile_fullgraph(device, rng):
         x = torch.randn(m, 256, generator=rng).to(torch.bfloat16).to(device)
         # same ops; inductor may order the bf16 GEMM differently, so compare to bf16 rounding
         torch.testing.assert_close(compiled(x), kbit.linear(x, q))
+
+
+def test_dispatch_table_well_formed():
+    from kbit import dispatch_table
+
+    for key, entries in [*dispatch_table.TABLE.items(), (None, dispatch_table.DEFAULT)]:
+        tops = [top for top, _ in entries]
+        assert tops == sorted(tops) and len(set(tops)) == len(tops), key
+        for top, name in entries:
+            assert name in ("gemv", "mma", "dq"), key
+            assert top <= {"gemv": ops.GEMV_MAX_M, "mma": ops.MMA_MAX_M, "dq": 1 << 62}[name], key
+
+
+def test_kernel_for_ranges(monkeypatch):
+    from kbit import dispatch_table
+    from kbit.linear import kernel_for
+
+    monkeypatch.setattr(dispatch_table, "TABLE", {(512, 2048, 2): ((1, "gemv"), (8, "mma"))})
+    monkeypatch.setattr(dispatch_table, "DEFAULT", ((16, "mma"),))
+    got = [kernel_for(m, 512, 2048, 2) for m in (1, 2, 8, 9)]
+    assert got == ["gemv", "mma", "mma", "dq"]
+    assert [kernel_for(m, 512, 2048, 3) for m in (1, 16, 17)] == ["mma", "mma", "dq"]
+
+
+def test_make_dispatch_ranges():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "make_dispatch.py"
+    spec = importlib.util.spec_from_file_location("make_dispatch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    best = {1: "gemv", 2: "mma", 4: "mma", 8: "mma", 16: "dq", 32: "dq"}
+    assert mod.ranges(best) == ((1, "gemv"), (8, "mma"))
+    assert mod.ranges({1: "mma", 2: "dq", 4: "mma"}) == ((1, "mma"), (2, "dq"), (4, "mma"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", ["gemv", "mma", "dq"])
+def test_linear_each_dispatched_kernel(device, kernel, monkeypatch, rng):
+    from kbit import dispatch_table
+
+    n, kdim, k = 200, 4128, 3
+    monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((4, kernel),)})
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device), k=k))
+    for m in (1, 3):
+        x = torch.randn(m, kdim, generator=rng).to(torch.float16).to(device)
+        out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
+        got = kbit.linear(x, q, out=out)
+        assert got is out
+        assert _rel_err(got.cpu(), _reference(x, q)) <= TOL[torch.float16]
