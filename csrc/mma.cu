@@ -66,6 +66,10 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 constexpr int kStepK = 128;                 // k values per step
 constexpr int kRows = 16;                   // weight rows per step (the MMA's M)
 constexpr int kXPad = 16;                   // halves of padding per staged x row (bank spread)
+// Floats per (row group, token) row of the shared accumulator: 16 rows + 4 of padding, so the
+// flush's atomics (lane (g, c): token 2c (+1), rows g, g + 8) hit 32 distinct banks (a
+// stride of 16 made them 4-way conflicts: ncu counted ~400 extra wavefronts per CTA at M = 8).
+constexpr int kAccStride = 20;
 constexpr int kMaxXSmem = 136 * 1024;       // staged x larger than this: not handled here
 template <typename T> struct Pair;
 template <> struct Pair<__half> {
@@ -372,7 +376,7 @@ struct Layout {
 };
 template <typename T, int K_BITS>
 __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int rg, int n_stages, int stage_bytes) {
-  const size_t small = kScaleTableBytes + kZeroBytes + size_t(rg) * M * kRows * sizeof(float) + 16 * size_t(n_stages);
+  const size_t small = kScaleTableBytes + kZeroBytes + size_t(rg) * M * kAccStride * sizeof(float) + 16 * size_t(n_stages);
   const size_t row = size_t(steps * kStepK + kXPad) * sizeof(T);
   Layout l;
   size_t used;
@@ -452,7 +456,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   T* zero_row = reinterpret_cast<T*>(scales + kScaleTableBytes);
   float* acc_s = reinterpret_cast<float*>(scales + kScaleTableBytes + kZeroBytes);
   // bulk variant: mbarriers full[S], empty[S] after the accumulator (8-byte aligned)
-  const uint32_t full_sh = uint32_t(__cvta_generic_to_shared(acc_s + size_t(rg_per_cta) * M * kRows));
+  const uint32_t full_sh = uint32_t(__cvta_generic_to_shared(acc_s + size_t(rg_per_cta) * M * kAccStride));
   const uint32_t empty_sh = full_sh + 8 * n_stages;
   char* stages = smem + lay.stages;
   const uint32_t stages_sh = smem_sh + uint32_t(lay.stages);
@@ -468,13 +472,16 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
 
   // 0. The small loads first, so that they do not queue behind the weights: this lane's
   // codebook entry (the table is built from registers by shuffles) and this thread's first
-  // unit of x (unit (m, t, c, h) = x[m][t * 128 + 32c + 16h + q], q = 0..15).
+  // unit of x (unit (m, t, c, h) = x[m][t * 128 + 32c + 16h + q], q = 0..15). Units are
+  // numbered ((t * M + m) * 4 + c) * 2 + h: a warp's 16 lanes of one fragment store cover 4
+  // rows x 4 c, 16 distinct 8-byte bank slots (rows are 32 bytes apart mod 128); numbered
+  // with t outside m, the 4 t of a warp hit the same slots (4-way store conflicts).
   constexpr int cmask = (1 << K_BITS) - 1;
   const float cb_lane = codebook[lane & cmask];
   const int units = M * steps * 8;
   auto fetch_x = [&](int unit, T (&v)[16]) {
-    const int m = unit / (steps * 8), rest = unit - m * steps * 8;
-    const int k0 = (rest >> 3) * kStepK + 32 * ((rest >> 1) & 3) + 16 * (rest & 1);
+    const int t = unit / (M * 8), rest = unit - t * M * 8, m = rest >> 3;
+    const int k0 = t * kStepK + 32 * ((rest >> 1) & 3) + 16 * (rest & 1);
     const T* src = x + m * ldx + k0;
     if (vec_x && k0 + 16 <= K) {
       const uint4 a = __ldg(reinterpret_cast<const uint4*>(src));
@@ -489,8 +496,8 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     }
   };
   auto stage_x = [&](int unit, const T (&v)[16]) {
-    const int m = unit / (steps * 8), rest = unit - m * steps * 8;
-    const int t = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
+    const int t = unit / (M * 8), rest = unit - t * M * 8;
+    const int m = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
     T* dst = x_at(m);
 #pragma unroll
     for (int s = 0; s < 8; s++) {
@@ -625,7 +632,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     stage_x(unit, v);
   }
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
-  for (int i = threadIdx.x; i < rg_per_cta * M * kRows; i += kThreads) acc_s[i] = 0.f;
+  for (int i = threadIdx.x; i < rg_per_cta * M * kAccStride; i += kThreads) acc_s[i] = 0.f;
   __syncthreads();
   if constexpr (!BULK) {
 #pragma unroll
@@ -655,7 +662,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         const int token = tt * 8 + 2 * c + (i & 1), row = g + 8 * (i >> 1);
-        if (token < M) atomicAdd(acc_s + (size_t(rg) * M + token) * kRows + row, acc[tt][0][i] + acc[tt][1][i]);
+        if (token < M) atomicAdd(acc_s + (size_t(rg) * M + token) * kAccStride + row, acc[tt][0][i] + acc[tt][1][i]);
         acc[tt][0][i] = acc[tt][1][i] = 0.f;
       }
   };
@@ -731,7 +738,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const int rg = i / (M * kRows), rest = i - rg * M * kRows, m = rest / kRows, row = rest % kRows;
     const int n = (group0 + rg) * kRows + row;
     if (n < N) {
-      float v = acc_s[i] * shift_up;
+      float v = acc_s[(rg * M + m) * kAccStride + row] * shift_up;
       if (bias != nullptr) v += to_float(bias[n]);
       out[m * ldo + n] = from_float<T>(v);
     }
