@@ -20,7 +20,9 @@
 // e * 256 + L * entry bytes, the table 64 KB aligned in the shared window), so the lookups of
 // a warp never conflict and one PRMT forms the whole shared address (the byte of indices as
 // byte 1, the lane's offset as byte 0, the table's address as bytes 2-3; k = 3, 4 leave half
-// of each 256-byte row unused). k = 5 looks up single values in a 32-entry float table. The
+// of each 256-byte row unused). k = 5 decodes the low 4 bits like k = 4 and adds the 2 high
+// bits of the pair to the address (entry_addr5: PRMT + LOP3; 16 columns shared by 2 lanes
+// each). The
 // block scale (E4M4: exact in fp16 and bf16) multiplies the codebook value in the activation
 // dtype; the per-tensor power of two multiplies the fp32 accumulator at the end, so it cannot
 // overflow or underflow the 16-bit weights.
@@ -127,6 +129,16 @@ __device__ __forceinline__ uint32_t entry_addr(uint32_t n, uint32_t lane_base) {
   return d;
 }
 
+// k = 5: shared address of the entry for byte I of the low-nibble word n and byte I of hi
+// (its 2 high bits at bits 6-7): the low nibbles become byte 1, the high bits byte 0, OR-ed
+// with lane_base (the table's 64 KB aligned address | this lane's column * 4).
+template <int I>
+__device__ __forceinline__ uint32_t entry_addr5(uint32_t n, uint32_t hi, uint32_t lane_base) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(n), "r"(hi), "n"((I << 4) | (4 + I)));
+  return (d & 0xffffu) | lane_base;
+}
+
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
@@ -177,13 +189,14 @@ __host__ __device__ constexpr int slot_position(int s, int u) {
 
 // Codebook table, private per lane (entry e of lane L at e * 256 + L * entry bytes): k = 2:
 // 256 entries of 4 values (a byte of 2-bit indices); k = 3, 4: 128 / 256 entries of 2 values
-// (a byte of two nibbles), at a 64 KB aligned shared address (entry_addr); k = 5: the 32
-// floats.
+// (a byte of two nibbles), at a 64 KB aligned shared address (entry_addr). k = 5: 1024
+// entries of 2 values (two nibbles + their 2 high bits), entry (lo, hi) of lane L at
+// lo * 256 + hi * 64 + (L % 16) * 4 (entry_addr5): lanes L and L + 16 share a column, so
+// the lookups are 2-way bank conflicts; private columns would need 128 KB.
 template <int K_BITS>
 __host__ __device__ constexpr int table_bytes() {
-  return K_BITS == 2 ? 256 * 256 : K_BITS == 3 ? 128 * 256 : K_BITS == 4 ? 256 * 256 : 32 * 4;
+  return K_BITS == 2 ? 256 * 256 : K_BITS == 3 ? 128 * 256 : 256 * 256;
 }
-template <int K_BITS> constexpr bool kAlignedTable = K_BITS != 5;
 constexpr uint32_t kTableAlign = 64 * 1024;
 constexpr int kScaleTableBytes = 256 * 4;  // E4M4 code -> packed (scale, scale)
 
@@ -253,13 +266,11 @@ __device__ __forceinline__ void nibble_transpose(uint32_t& n0, uint32_t& n1, uin
 // One item: decode both blocks (rows g, g + 8) into the A registers of MMA s (0: row g
 // slots 0-1, 1: row g + 8 slots 0-1, 2: row g slots 2-3, 3: row g + 8 slots 2-3) and run
 // the MMAs as soon as their A registers exist (a whole item at once would spill).
-// table: the table (k = 5); lane_base: the table's shared address | this lane's offset in a row
-// (k = 2..4).
+// lane_base: the table's shared address | this lane's offset in a row.
 // xb[tt]: this lane's staged-x fragments of the step for token tile tt (a zero row for tokens
 // >= M).
 template <typename T, int K_BITS, int NT>
-__device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2],
-                                         const char* table, uint32_t lane_base,
+__device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2], uint32_t lane_base,
                                          const T* const (&xb)[NT], float (&acc)[NT][2][4]) {
   auto run = [&](int s, const uint32_t (&a)[4]) {
 #pragma unroll
@@ -269,32 +280,34 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
     }
   };
   if constexpr (K_BITS == 5) {
-    uint32_t n[2][4];
-    float scale[2];
+    // low nibbles as for k = 4; hi[h][r] byte i holds the high bits of values 8i + r (bit 6)
+    // and 8i + 4 + r (bit 7) of block h (bit 8i + r / 8i + 4 + r of plane 4)
+    uint32_t n[2][4], hi[2][4];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      scale[h] = to_float(*reinterpret_cast<const T*>(&s2[h]));
       n[h][0] = it.w[h][0]; n[h][1] = it.w[h][1]; n[h][2] = it.w[h][2]; n[h][3] = it.w[h][3];
       nibble_transpose(n[h][0], n[h][1], n[h][2], n[h][3]);
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        const uint32_t q = (it.w[h][4] >> r) & 0x11111111u;
+        hi[h][r] = ((q | (q >> 3)) & 0x03030303u) << 6;
+      }
     }
 #pragma unroll
-    for (int s = 0; s < 8; s++) {
-      const int r = s >> 1, hh = s & 1;
+    for (int r = 0; r < 4; r++) {
       uint32_t a[4];
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        float v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-          const int j = 4 * hh + u;  // nibble of word r: value 4j + r of the block
-          const uint32_t lo = (n[h][r] >> (4 * j)) & 15u;
-          const uint32_t hi = (it.w[h][4] >> (4 * j + r)) & 1u;
-          v[u] = reinterpret_cast<const float*>(table)[lo | (hi << 4)] * scale[h];
-        }
-        a[h] = Pair<T>::pack(v[0], v[1]);
-        a[h + 2] = Pair<T>::pack(v[2], v[3]);
+        a[h] = mul2<T>(lds32(entry_addr5<0>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(entry_addr5<1>(n[h][r], hi[h][r], lane_base)), s2[h]);
       }
-      run(s, a);
+      run(2 * r, a);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        a[h] = mul2<T>(lds32(entry_addr5<2>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(entry_addr5<3>(n[h][r], hi[h][r], lane_base)), s2[h]);
+      }
+      run(2 * r + 1, a);
     }
   } else if constexpr (K_BITS == 2) {
     uint32_t n[2][2];
@@ -366,8 +379,7 @@ constexpr int kZeroBytes = 256;  // a zero x "row" of one step, read by the lane
 
 // Shared memory (byte offsets from the start of dynamic shared memory, whose shared address is
 // `base`): the table; "small" = [E4M4 scales][zero row][accumulator][2 S mbarriers]; the staged
-// x rows; (bulk) S stages, 128-byte aligned, last. k = 5: [table][small][x][stages]. k = 2..4:
-// the table starts at the first 64 KB boundary of the shared window; small and as many x rows
+// x rows; (bulk) S stages, 128-byte aligned, last. The table starts at the first 64 KB boundary of the shared window; small and as many x rows
 // as fit go in front of it, the other x rows behind it (if small does not fit in front,
 // everything goes behind).
 struct Layout {
@@ -379,28 +391,19 @@ __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int rg, in
   const size_t small = kScaleTableBytes + kZeroBytes + size_t(rg) * M * kAccStride * sizeof(float) + 16 * size_t(n_stages);
   const size_t row = size_t(steps * kStepK + kXPad) * sizeof(T);
   Layout l;
-  size_t used;
-  if (!kAlignedTable<K_BITS>) {
-    l.table = 0;
-    l.small = table_bytes<K_BITS>();
-    l.x_front = l.x_back = l.small + small;
-    l.rows_front = M;
-    used = l.x_front + M * row;
+  l.table = ((base + kTableAlign - 1) & ~(kTableAlign - 1)) - base;
+  const size_t table_end = l.table + table_bytes<K_BITS>();
+  if (small <= l.table) {
+    l.small = 0;
+    l.x_front = small;
+    l.rows_front = int(min(size_t(M), (l.table - small) / row));
+    l.x_back = table_end;
   } else {
-    l.table = ((base + kTableAlign - 1) & ~(kTableAlign - 1)) - base;
-    const size_t table_end = l.table + table_bytes<K_BITS>();
-    if (small <= l.table) {
-      l.small = 0;
-      l.x_front = small;
-      l.rows_front = int(min(size_t(M), (l.table - small) / row));
-      l.x_back = table_end;
-    } else {
-      l.small = table_end;
-      l.x_front = l.x_back = table_end + small;
-      l.rows_front = 0;
-    }
-    used = max(table_end, l.x_back + (M - l.rows_front) * row);
+    l.small = table_end;
+    l.x_front = l.x_back = table_end + small;
+    l.rows_front = 0;
   }
+  const size_t used = max(table_end, l.x_back + (M - l.rows_front) * row);
   l.stages = n_stages > 0 ? ((base + used + 127) & ~size_t(127)) - base : used;
   l.end = l.stages + size_t(n_stages) * stage_bytes;
   return l;
@@ -603,7 +606,12 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   // loops: their trip counts are multiples of the CTA size, so the shuffles are warp-uniform.)
   auto cb = [&](int i) { return __shfl_sync(0xffffffffu, cb_lane, i); };
   if constexpr (K_BITS == 5) {
-    if (threadIdx.x < 32) reinterpret_cast<float*>(table)[threadIdx.x] = cb_lane;
+    static_assert(1024 * 4 % kThreads == 0, "whole iterations per warp");
+    for (int i = threadIdx.x; i < 1024 * 4; i += kThreads) {  // 4 columns per 16-byte store
+      const int e = i >> 2, lo = e >> 2, hb = e & 3;  // entry (lo, hi) at lo * 256 + hi * 64
+      const uint32_t v = Pair<T>::pack(cb((lo & 15) | (hb & 1) << 4), cb((lo >> 4) | (hb >> 1) << 4));
+      reinterpret_cast<uint4*>(table + e * 64)[i & 3] = make_uint4(v, v, v, v);
+    }
   } else if constexpr (K_BITS == 2) {
     static_assert(256 * 16 % kThreads == 0, "whole iterations per warp");
     for (int i = threadIdx.x; i < 256 * 16; i += kThreads) {  // 2 lanes per 16-byte store
@@ -646,7 +654,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
 
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
   // after i is decoded. Two accumulators per token tile halve the chain of dependent MMAs.
-  const uint32_t lane_base = table_sh | (uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
+  const uint32_t lane_base = table_sh | (K_BITS == 5 ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
   float acc[NT][2][4] = {};
   // this lane's staged x (token tt * 8 + g) at step 0, or the zero row
   const T* xb0[NT];
@@ -697,7 +705,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
           const T* xb[NT];
 #pragma unroll
           for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(step, 0, 0) : 0);
-          item_mma<T, K_BITS, NT>(it, s2, table, lane_base, xb, acc);
+          item_mma<T, K_BITS, NT>(it, s2, lane_base, xb, acc);
           stage += P;
           while (stage >= n_stages) {
             stage -= n_stages;
@@ -723,7 +731,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
         const T* xb[NT];
 #pragma unroll
         for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(cur.step, 0, 0) : 0);
-        item_mma<T, K_BITS, NT>(it, s2, table, lane_base, xb, acc);
+        item_mma<T, K_BITS, NT>(it, s2, lane_base, xb, acc);
         const int rg = cur.rg;
         advance(cur);
         if (cur.rg != rg || base + d + 1 == n_items) flush(rg);
