@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
   constexpr uint32_t kBand = band_rows<K_BITS>(), kSeg = segment_groups<K_BITS>();
 
-  // Persistent: each CTA strides over chunks of kThreads * GROUPS consecutive items.
+  // Persistent: each CTA strides over chunks of kThreads * GROUPS consecutive
+  // groups of the flattened [N, KB * 4] group index.
   constexpr uint32_t chunk = kThreads * GROUPS;
   for (uint32_t base = blockIdx.x * chunk; base < total_groups; base += gridDim.x * chunk) {
     uint32_t bytes[GROUPS][K_BITS];

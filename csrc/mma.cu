@@ -22,7 +22,8 @@
 // byte 1, the lane's offset as byte 0, the table's address as bytes 2-3; k = 3, 4 leave half
 // of each 256-byte row unused). k = 5 decodes the low 4 bits like k = 4 and adds the 2 high
 // bits of the pair to the address (entry_addr5: PRMT + LOP3; 16 columns shared by 2 lanes
-// each). The block scale (E4M4: exact in fp16 and bf16) multiplies the codebook value in the activation
+// each). The
+// block scale (E4M4: exact in fp16 and bf16) multiplies the codebook value in the activation
 // dtype; the per-tensor power of two multiplies the fp32 accumulator at the end, so it cannot
 // overflow or underflow the 16-bit weights.
 //
@@ -269,9 +270,8 @@ __device__ __forceinline__ void nibble_transpose(uint32_t& n0, uint32_t& n1, uin
 // xb[tt]: this lane's staged-x fragments of the step for token tile tt (a zero row for tokens
 // >= M).
 template <typename T, int K_BITS, int NT>
-__device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2],
-                                         uint32_t lane_base, const T* const (&xb)[NT],
-                                         float (&acc)[NT][2][4]) {
+__device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2], uint32_t lane_base,
+                                         const T* const (&xb)[NT], float (&acc)[NT][2][4]) {
   auto run = [&](int s, const uint32_t (&a)[4]) {
 #pragma unroll
     for (int tt = 0; tt < NT; tt++) {
@@ -379,9 +379,9 @@ constexpr int kZeroBytes = 256;  // a zero x "row" of one step, read by the lane
 
 // Shared memory (byte offsets from the start of dynamic shared memory, whose shared address is
 // `base`): the table; "small" = [E4M4 scales][zero row][accumulator][2 S mbarriers]; the staged
-// x rows; (bulk) S stages, 128-byte aligned, last. The table starts at the first 64 KB
-// boundary of the shared window; small and as many x rows as fit go in front of it, the other
-// x rows behind it (if small does not fit in front, everything goes behind).
+// x rows; (bulk) S stages, 128-byte aligned, last. The table starts at the first 64 KB boundary of the shared window; small and as many x rows
+// as fit go in front of it, the other x rows behind it (if small does not fit in front,
+// everything goes behind).
 struct Layout {
   size_t table, small, x_front, x_back, stages, end;
   int rows_front;  // x rows in front of the table (rows >= this one live at x_back)

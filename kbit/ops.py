@@ -127,14 +127,6 @@ def _quantize_shapes(weight, codebook, absmax_format):
     return (n, kb, k), (n, kb), ABSMAX_DTYPES[absmax_format]
 
 
-def _quantize_outputs(weight, codebook, absmax_format):
-    """Fresh (packed, absmax, status) for `quantize` (status zeroed: the kernels OR into it)."""
-    ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
-    return (torch.empty(ps, dtype=torch.int32, device=weight.device),
-            torch.empty(as_, dtype=adt, device=weight.device),
-            torch.zeros(3, dtype=torch.int32, device=weight.device))
-
-
 @torch.library.custom_op("kbit::quantize", mutates_args=())
 def quantize(
     weight: Tensor, codebook: Tensor, absmax_format: str, absmax_exponent: int
@@ -147,7 +139,10 @@ def quantize(
     never syncs; the caller must check status (kbit.quantize does).
     """
     _check_quantize(weight, codebook, absmax_format, absmax_exponent)
-    packed, absmax, status = _quantize_outputs(weight, codebook, absmax_format)
+    ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
+    packed = torch.empty(ps, dtype=torch.int32, device=weight.device)
+    absmax = torch.empty(as_, dtype=adt, device=weight.device)
+    status = torch.zeros(3, dtype=torch.int32, device=weight.device)
     _quantize_ref_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
     return packed, absmax, status
 
@@ -155,7 +150,10 @@ def quantize(
 @quantize.register_kernel("cuda")
 def _(weight, codebook, absmax_format, absmax_exponent):
     _check_quantize(weight, codebook, absmax_format, absmax_exponent)
-    packed, absmax, status = _quantize_outputs(weight, codebook, absmax_format)
+    ps, as_, adt = _quantize_shapes(weight, codebook, absmax_format)
+    packed = torch.empty(ps, dtype=torch.int32, device=weight.device)
+    absmax = torch.empty(as_, dtype=adt, device=weight.device)
+    status = torch.zeros(3, dtype=torch.int32, device=weight.device)
     _quantize_cuda_into(weight, codebook, absmax_format, absmax_exponent, packed, absmax, status)
     return packed, absmax, status
 
