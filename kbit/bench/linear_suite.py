@@ -19,7 +19,7 @@ import torch
 import kbit
 from kbit import ops
 
-from .timing import copies_for_cold, graph_time_us
+from .timing import copies_for_cold, graph_time_us, sm_clock_mhz
 
 DENSE = {"gateup": (2048, 5120), "down": (5120, 2048), "Q": (2048, 4096), "O": (4096, 2048),
          "KV": (2048, 512)}
@@ -58,64 +58,84 @@ def host_overhead_us(calls: int = 300) -> tuple[float, float]:
     return wall, graph_time_us(lambda i: kbit.linear(x, q, out=y), 1)
 
 
-def _measure_shape(name, K, N, ms, ks, repeats, results, fp16, weight_bytes):
-    w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
-    nw = copies_for_cold(N * K * 2)
-    w16 = [w.clone() for _ in range(nw)]
-    for m in ms:
-        x = torch.randn(m, K, dtype=torch.float16, device="cuda")
-        y = torch.empty(m, N, dtype=torch.float16, device="cuda")
-        fp16[(m, name)] = graph_time_us(lambda i: torch.matmul(x, w16[i].T, out=y), nw, repeats=repeats)
-    del w16
+class _Weights:
+    """One shape's cold-rotation copies: fp16 weights and, per k, the k-bit packs."""
+
+    def __init__(self, K, N, ks, weight_bytes, name):
+        self.K, self.N = K, N
+        w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
+        self.nw = copies_for_cold(N * K * 2)
+        self.w16 = [w.clone() for _ in range(self.nw)]
+        self.q, self.packs = {}, {}
+        for k in ks:
+            q = kbit.repack(kbit.quantize(w, k=k))
+            weight_bytes[(name, k)] = q.packed.numel() * 4 + q.absmax.numel() * q.absmax.element_size()
+            nq = copies_for_cold(weight_bytes[(name, k)])
+            self.q[k] = q
+            self.packs[k] = [(q.packed.clone(), q.absmax.clone()) for _ in range(nq)]
+        self.buf = torch.empty(N, K, dtype=torch.float16, device="cuda")
+
+
+def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks):
+    """fp16 and every kbit kernel at one (shape, M); the SM clock is read after each cell."""
+    K, N = wt.K, wt.N
+    x = torch.randn(m, K, dtype=torch.float16, device="cuda")
+    y = torch.empty(m, N, dtype=torch.float16, device="cuda")
+    fp16[(m, name)] = graph_time_us(lambda i: torch.matmul(x, wt.w16[i].T, out=y), wt.nw, repeats=repeats)
+    clk = [sm_clock_mhz()]
     for k in ks:
-        _progress(f"{name} k={k}")
-        q = kbit.repack(kbit.quantize(w, k=k))
-        weight_bytes[(name, k)] = q.packed.numel() * 4 + q.absmax.numel() * q.absmax.element_size()
-        nq = copies_for_cold(weight_bytes[(name, k)])
-        packs = [(q.packed.clone(), q.absmax.clone()) for _ in range(nq)]
-        buf = torch.empty(N, K, dtype=torch.float16, device="cuda")
-        for m in ms:
-            x = torch.randn(m, K, dtype=torch.float16, device="cuda")
-            y = torch.empty(m, N, dtype=torch.float16, device="cuda")
-            row = {}
-            if m <= ops.GEMV_MAX_M:
-                row["Scalar"] = graph_time_us(
-                    lambda i: ops.gemv_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
-                    nq, repeats=repeats)
-            if ops.mma_supports(m, K, N, k, "cuda"):
-                row["MMA"] = graph_time_us(
-                    lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
-                    nq, repeats=repeats)
+        q, packs = wt.q[k], wt.packs[k]
+        nq = len(packs)
+        row = {}
+        if m <= ops.GEMV_MAX_M:
+            row["Scalar"] = graph_time_us(
+                lambda i: ops.gemv_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
+                nq, repeats=repeats)
+            clk.append(sm_clock_mhz())
+        if ops.mma_supports(m, K, N, k, "cuda"):
+            row["MMA"] = graph_time_us(
+                lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
+                nq, repeats=repeats)
+            clk.append(sm_clock_mhz())
 
-            def dq(i):
-                ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", 0, buf)
-                torch.matmul(x, buf.T, out=y)
+        def dq(i):
+            ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", 0, wt.buf)
+            torch.matmul(x, wt.buf.T, out=y)
 
-            row["dq+cuBLAS"] = graph_time_us(dq, nq, repeats=repeats)
-            results[(m, name, k)] = row
-        del packs, buf
-    torch.cuda.empty_cache()
+        row["dq+cuBLAS"] = graph_time_us(dq, nq, repeats=repeats)
+        clk.append(sm_clock_mhz())
+        results[(m, name, k)] = row
+    clocks[(m, name)] = clk
 
 
 def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) -> dict:
     results = {}  # (M, shape, k) -> {kernel: us}
     fp16 = {}  # (M, shape) -> us
     weight_bytes = {}  # (shape, k) -> bytes of packed + absmax
+    clocks = {}  # (M, shape) -> SM MHz after each cell
     floor = floor_us(repeats)
     dense = [s for s in shapes if s in DENSE]
     extra = [s for s in shapes if s in EXTRA]
-    for name in dense:
-        _measure_shape(name, *DENSE[name], ms, ks, repeats, results, fp16, weight_bytes)
-    for name in extra:
-        _measure_shape(name, *EXTRA[name], [m for m in ms if m <= EXTRA_MAX_M], ks, repeats,
-                       results, fp16, weight_bytes)
+    _progress("quantizing the weights")
+    weights = {name: _Weights(*(DENSE | EXTRA)[name], ks, weight_bytes, name) for name in dense + extra}
+    # M ascending, every shape per M: the power-heavy large-M GEMMs run last, so they cannot
+    # lower the SM clock of the small-M cells (measured in session 7: +5-16% on M = 1 cells
+    # that followed M = 4096 ones); the clock after each cell is recorded and printed.
+    for m in sorted(ms):
+        _progress(f"M={m}")
+        for name in dense + [e for e in extra if m <= EXTRA_MAX_M]:
+            _measure_cells(name, weights[name], m, ks, repeats, results, fp16, clocks)
+    del weights
+    torch.cuda.empty_cache()
     wall, gpu = host_overhead_us()
     print(f"\nper-call floor (1-element fill_ in the same CUDA-graph harness): {floor:.2f} us")
     print(f"eager kbit.linear, M=1 gateup k=4, out= given: {wall:.1f} us per call wall-clock "
           f"(back-to-back, host-bound if above the GPU time), {gpu:.1f} us GPU time (graph, hot)")
     summary = {}
     for m in ms:
-        print(f"\nM={m}: (us per call; cold L2; CUDA-graph replay, median)")
+        clk = sorted(c for (mm, _), cs in clocks.items() if mm == m for c in cs)
+        print(f"\nM={m}: (us per call; cold L2; CUDA-graph replay, median; SM clock after each "
+              f"cell {clk[0]:.0f}-{clk[-1]:.0f} MHz, median {clk[len(clk) // 2]:.0f})")
         hdr = (f"| {'shape':6} | k | " + " | ".join(f"{c:>9}" for c in KERNELS)
                + f" | {'fp16':>7} | {'Best':>9} | {'us':>7} | {'GB/s':>5} | vs fp16 |")
         print(hdr)
@@ -153,4 +173,5 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) ->
         "fp16_us": {f"{m},{s}": v for (m, s), v in fp16.items()},
         "kbit_us": {f"{m},{s},{k}": v for (m, s, k), v in results.items()},
         "weight_bytes": {f"{s},{k}": v for (s, k), v in weight_bytes.items()},
+        "sm_clock_mhz": {f"{m},{s}": v for (m, s), v in clocks.items()},
     }
