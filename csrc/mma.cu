@@ -34,6 +34,8 @@
 // for RG >= 6 a ring of shared-memory stages filled by bulk asynchronous copies. Warps add
 // their fp32 results into a shared accumulator when their row group changes and at the end;
 // the CTA then writes C. NOTES.md has the measured timeline of a call (scripts/mma_timeline.cu).
+#include <cstdlib>
+
 #include "common.cuh"
 
 namespace kbit {
@@ -50,7 +52,11 @@ namespace {
 #endif
 // Warps per CTA: 16 of <= 128 registers (32 warps were 10-15% slower on the small shapes
 // once the ring's first loads stopped blocking the table build, NOTES.md).
-template <int NT> constexpr int kWarpsPerCta = NT == 1 ? KBIT_MMA_WARPS : 16;
+// NT = 8 (M = 33..64): 8 warps of <= 255 registers (its 32 accumulators spilled at 128).
+#ifndef KBIT_MMA_WARPS_NT8
+#define KBIT_MMA_WARPS_NT8 8
+#endif
+template <int NT> constexpr int kWarpsPerCta = NT == 1 ? KBIT_MMA_WARPS : NT == 8 ? KBIT_MMA_WARPS_NT8 : 16;
 template <int NT> constexpr int kThreadsPerCta = kWarpsPerCta<NT> * 32;
 #ifndef KBIT_MMA_DEPTH
 #define KBIT_MMA_DEPTH(k) ((k) >= 4 ? 2 : 3)
@@ -177,6 +183,20 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                 "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// Thread-block clusters (sm_90+; the split-K variant): a barrier over the cluster's CTAs whose
+// shared-memory writes before it are visible to all of them after it, and a load from the
+// shared memory of CTA `rank` at the address `addr` has in this CTA.
+__device__ __forceinline__ void cluster_sync() {
+  KBIT_BULK_ASM("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr, uint32_t rank) {
+  float v = 0.f;
+  KBIT_BULK_ASM(
+      "{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %1, %2;\n ld.shared::cluster.f32 %0, [r];\n}"
+      : "=f"(v) : "r"(addr), "r"(rank) : "memory");
+  return v;
+}
+
 // Position (0..31) inside the lane's block of the value that MMA s, slot u (0..3) uses:
 // slots 0, 1 form A register 0 (row g) / 1 (row g + 8) and slots 2, 3 registers 2 / 3 (k = 2c,
 // 2c + 1 and 2c + 8, 2c + 9 of the MMA). It follows from the decode below; the x staging
@@ -269,14 +289,18 @@ __device__ __forceinline__ void nibble_transpose(uint32_t& n0, uint32_t& n1, uin
 // lane_base: the table's shared address | this lane's offset in a row.
 // xb[tt]: this lane's staged-x fragments of the step for token tile tt (a zero row for tokens
 // >= M).
+// Accumulator sets per token tile: two halve the chain of dependent MMAs for NT = 1, 2; from
+// NT = 4 on the tiles are independent chains enough (and registers are short).
+template <int NT> constexpr int kAccSets = NT >= 4 ? 1 : 2;
+
 template <typename T, int K_BITS, int NT>
 __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2], uint32_t lane_base,
-                                         const T* const (&xb)[NT], float (&acc)[NT][2][4]) {
+                                         const T* const (&xb)[NT], float (&acc)[NT][kAccSets<NT>][4]) {
   auto run = [&](int s, const uint32_t (&a)[4]) {
 #pragma unroll
     for (int tt = 0; tt < NT; tt++) {
       const uint2 b = *reinterpret_cast<const uint2*>(xb[tt] + s * 16);
-      mma16816<T>(acc[tt][s & 1], a[0], a[1], a[2], a[3], b.x, b.y);
+      mma16816<T>(acc[tt][(s & 1) % kAccSets<NT>], a[0], a[1], a[2], a[3], b.x, b.y);
     }
   };
   if constexpr (K_BITS == 5) {
@@ -439,11 +463,18 @@ template <typename T, int K_BITS, int FMT, int NT, bool BULK>
 __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
-    int steps, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
+    int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
     const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   constexpr int kThreads = kThreadsPerCta<NT>;
   constexpr int kWarps = kWarpsPerCta<NT>;
   KBIT_MMA_MARK(0, 0u);
+  // Split-K (kslices > 1, one cluster of kslices CTAs per row-group set): CTA `slice` of a
+  // cluster runs steps step0 .. step0 + lsteps - 1 (`steps` per slice; the last may have
+  // fewer, or none) and stages only that part of x; the cluster adds its partial results
+  // through distributed shared memory at the end.
+  const int slice = int(blockIdx.x) % kslices, cta = int(blockIdx.x) / kslices;
+  const int step0 = slice * steps;
+  const int lsteps = max(0, min(steps, (KT + 1) / 2 - step0));
   extern __shared__ __align__(16) char smem[];
   const uint32_t smem_sh = uint32_t(__cvta_generic_to_shared(smem));
   const uint32_t stage_bytes = stage_bytes_of<K_BITS>(rg_per_cta, kScaleBytes<FMT>);
@@ -481,10 +512,10 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   // with t outside m, the 4 t of a warp hit the same slots (4-way store conflicts).
   constexpr int cmask = (1 << K_BITS) - 1;
   const float cb_lane = codebook[lane & cmask];
-  const int units = M * steps * 8;
+  const int units = M * lsteps * 8;
   auto fetch_x = [&](int unit, T (&v)[16]) {
     const int t = unit / (M * 8), rest = unit - t * M * 8, m = rest >> 3;
-    const int k0 = t * kStepK + 32 * ((rest >> 1) & 3) + 16 * (rest & 1);
+    const int k0 = (step0 + t) * kStepK + 32 * ((rest >> 1) & 3) + 16 * (rest & 1);
     const T* src = x + m * ldx + k0;
     if (vec_x && k0 + 16 <= K) {
       const uint4 a = __ldg(reinterpret_cast<const uint4*>(src));
@@ -515,9 +546,9 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   T x0[16];
   if (int(threadIdx.x) < units) fetch_x(threadIdx.x, x0);
   KBIT_MMA_MARK(6, 0u);
-  const int group0 = blockIdx.x * rg_per_cta;
+  const int group0 = cta * rg_per_cta;
   const int item0 = warp * items_per_warp;
-  const int n_items = max(0, min(items_per_warp, rg_per_cta * steps - item0));
+  const int n_items = max(0, min(items_per_warp, rg_per_cta * lsteps - item0));
 
   // A cursor over this warp's items in (row group, step) order; one step advances the block
   // by 2 k-tiles (2 * N * 2 blocks), a new row group restarts from its first k-tile. Row
@@ -532,17 +563,17 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const int n = (group0 + cur.rg) * kRows + g;
     cur.row_lo = n < N;
     cur.row_hi = n + 8 < N;
-    cur.block = uint32_t(((2 * cur.step + (c >> 1)) * N + n) * kTileBlocks + (c & 1));
+    cur.block = uint32_t(((2 * (step0 + cur.step) + (c >> 1)) * N + n) * kTileBlocks + (c & 1));
   };
   auto cursor_at = [&](int item) {
     Cursor cur;
-    cur.rg = item / steps;
-    cur.step = item - cur.rg * steps;
+    cur.rg = item / max(lsteps, 1);
+    cur.step = item - cur.rg * lsteps;
     at_group(cur);
     return cur;
   };
   auto advance = [&](Cursor& cur) {
-    if (++cur.step == steps) {
+    if (++cur.step == lsteps) {
       cur.step = 0;
       cur.rg++;
       at_group(cur);
@@ -551,7 +582,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     }
   };
   auto load = [&](Item<K_BITS>& it, const Cursor& cur, bool any) {
-    const bool kt_ok = any && 2 * cur.step + (c >> 1) < KT;
+    const bool kt_ok = any && 2 * (step0 + cur.step) + (c >> 1) < KT;
     load_block<K_BITS, FMT>(it.w[0], it.scale_bits[0], packed, absmax, cur.block, kt_ok && cur.row_lo);
     load_block<K_BITS, FMT>(it.w[1], it.scale_bits[1], packed, absmax, cur.block + 16, kt_ok && cur.row_hi);
   };
@@ -570,11 +601,11 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   const uint32_t wchunk = words_chunk<K_BITS>(rg_per_cta), schunk = scales_chunk(rg_per_cta, kScaleBytes<FMT>);
   auto issue = [&](int step, int stage) {
     const uint32_t bar = full_sh + 8 * stage, dst = stages_sh + stage * stage_bytes;
-    const int kts = min(2, KT - 2 * step);
+    const int kts = min(2, KT - 2 * (step0 + step));
     const uint32_t wb = rows * kTileBlocks * K_BITS * 4, sb = rows * kTileBlocks * kScaleBytes<FMT>;
     mbar_expect_tx(bar, kts * (wb + sb));
     for (int j = 0; j < kts; j++) {
-      const size_t blk = (size_t(2 * step + j) * N + size_t(group0) * kRows) * kTileBlocks;
+      const size_t blk = (size_t(2 * (step0 + step) + j) * N + size_t(group0) * kRows) * kTileBlocks;
       bulk_copy(dst + j * wchunk, packed + blk * K_BITS, wb, bar);
       bulk_copy(dst + 2 * wchunk + j * schunk, static_cast<const char*>(absmax) + blk * kScaleBytes<FMT>, sb, bar);
     }
@@ -591,7 +622,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
       __syncwarp();
       // the first fill from all lanes of the producer warp (one lane's copies took ~0.1 us
       // each to issue)
-      for (int step = lane; step < min(n_stages, steps); step += 32) issue(step, step);
+      for (int step = lane; step < min(n_stages, lsteps); step += 32) issue(step, step);
     }
   } else {
 #pragma unroll
@@ -655,7 +686,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
   // after i is decoded. Two accumulators per token tile halve the chain of dependent MMAs.
   const uint32_t lane_base = table_sh | (K_BITS == 5 ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
-  float acc[NT][2][4] = {};
+  float acc[NT][kAccSets<NT>][4] = {};
   // this lane's staged x (token tt * 8 + g) at step 0, or the zero row
   const T* xb0[NT];
   bool tok_ok[NT];
@@ -670,14 +701,19 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         const int token = tt * 8 + 2 * c + (i & 1), row = g + 8 * (i >> 1);
-        if (token < M) atomicAdd(acc_s + (size_t(rg) * M + token) * kAccStride + row, acc[tt][0][i] + acc[tt][1][i]);
-        acc[tt][0][i] = acc[tt][1][i] = 0.f;
+        float v = 0.f;
+#pragma unroll
+        for (int j = 0; j < kAccSets<NT>; j++) {
+          v += acc[tt][j][i];
+          acc[tt][j][i] = 0.f;
+        }
+        if (token < M) atomicAdd(acc_s + (size_t(rg) * M + token) * kAccStride + row, v);
       }
   };
   if constexpr (BULK) {
     if (warp == kWarps - 1) {  // the producer refills each stage once its row groups read it
       if (lane == 0)
-        for (int step = n_stages; step < steps; step++) {
+        for (int step = n_stages; step < lsteps; step++) {
           const int stage = step % n_stages;
           mbar_wait(empty_sh + 8 * stage, ((step / n_stages) - 1) & 1);
           issue(step, stage);
@@ -690,7 +726,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
         const int row = rgw * kRows + g;  // row g + 8's block is 16 blocks later
         const uint32_t woff = (c >> 1) * wchunk + (row * kTileBlocks + (c & 1)) * K_BITS * 4;
         const uint32_t soff = 2 * wchunk + (c >> 1) * schunk + (row * kTileBlocks + (c & 1)) * kScaleBytes<FMT>;
-        for (int step = p; step < steps; step += P) {
+        for (int step = p; step < lsteps; step += P) {
           mbar_wait(full_sh + 8 * stage, phase);
           const char* sp = stages + size_t(stage) * stage_bytes;
           Item<K_BITS> it;
@@ -699,7 +735,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
                                   sp + soff + 8 * kTileBlocks * kScaleBytes<FMT>);
           __syncwarp();
           if (lane == 0) mbar_arrive(empty_sh + 8 * stage);
-          if (2 * step + (c >> 1) >= KT) it.scale_bits[0] = it.scale_bits[1] = 0u;  // no such k-tile
+          if (2 * (step0 + step) + (c >> 1) >= KT) it.scale_bits[0] = it.scale_bits[1] = 0u;  // no such k-tile
           const uint32_t s2[2] = {scale_pair<T, FMT>(it.scale_bits[0], scales),
                                   scale_pair<T, FMT>(it.scale_bits[1], scales)};
           const T* xb[NT];
@@ -741,28 +777,37 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   KBIT_MMA_MARK(4, 0u);
   __syncthreads();
 
-  // 4. Write C.
-  for (int i = threadIdx.x; i < rg_per_cta * M * kRows; i += kThreads) {
+  // 4. Write C. Split-K: once every CTA of the cluster has its partial sums in acc_s (same
+  // offset in each), CTA `slice` adds up its 1 / kslices of the outputs from all of them in
+  // rank order (deterministic); the second barrier keeps every CTA's shared memory alive
+  // until the others have read it.
+  const int outputs = rg_per_cta * M * kRows;
+  int first = 0, last = outputs;
+  if (kslices > 1) {
+    cluster_sync();
+    const int share = (outputs + kslices - 1) / kslices;
+    first = min(outputs, slice * share);
+    last = min(outputs, first + share);
+  }
+  const uint32_t acc_sh = smem_sh + uint32_t(reinterpret_cast<char*>(acc_s) - smem);
+  for (int i = first + int(threadIdx.x); i < last; i += kThreads) {
     const int rg = i / (M * kRows), rest = i - rg * M * kRows, m = rest / kRows, row = rest % kRows;
     const int n = (group0 + rg) * kRows + row;
     if (n < N) {
-      float v = acc_s[(rg * M + m) * kAccStride + row] * shift_up;
+      const int off = (rg * M + m) * kAccStride + row;
+      float v = 0.f;
+      if (kslices > 1) {
+        for (int r = 0; r < kslices; r++) v += ld_cluster_f32(acc_sh + 4u * uint32_t(off), uint32_t(r));
+      } else {
+        v = acc_s[off];
+      }
+      v *= shift_up;
       if (bias != nullptr) v += to_float(bias[n]);
       out[m * ldo + n] = from_float<T>(v);
     }
   }
+  if (kslices > 1) cluster_sync();
   KBIT_MMA_MARK(5, 0u);
-}
-
-// Shared memory one call needs (0 if x cannot be staged or sizes overflow), the rule the
-// launcher applies; also behind kbit_mma_smem_bytes.
-template <typename T, int K_BITS>
-size_t call_smem_bytes(int M, int64_t N, int64_t K, const DeviceInfo& dev) {
-  const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
-  const int steps = int(ceil_div(KT, 2));
-  if (M < 1 || M > 16 || size_t(M) * (steps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) return 0;
-  const int rg = int(ceil_div(ceil_div(N, kRows), dev.sms));
-  return smem_bytes<T, K_BITS>(M, steps, rg, dev.smem_reserved, 0, 0);
 }
 
 #ifndef KBIT_MMA_MAX_STAGES
@@ -797,22 +842,112 @@ cudaError_t smem_optin(int device, const DeviceInfo& dev) {
   return err[device];
 }
 
+constexpr int kMaxM = 64;  // token tiles of 8: NT = 1, 2, 4, 8
+
+// CTAs of one wave when launched in clusters of S (S = 2, 4, 8; all SMs for S = 1): the GPCs
+// hold whole clusters only. Asked once per device of the runtime (cudaOccupancyMaxActiveClusters,
+// one CTA per SM as every mma kernel has); 0 when clusters cannot run (pre-sm_90 device or
+// binary).
+inline int cluster_ctas(int device, const DeviceInfo& dev, int S) {
+  if (S == 1) return dev.sms;
+  static int known[64][4] = {};  // [device][log2 S]: 0 unknown, -1 none, else CTAs
+  int lg = S == 2 ? 1 : S == 4 ? 2 : S == 8 ? 3 : 0;
+  if (device < 0 || device >= 64 || lg == 0) return 0;
+  if (known[device][lg] == 0) {
+    constexpr auto kernel = mma_kernel<__half, 4, KBIT_ABSMAX_E4M4, 1, false>;
+    int n = 0;
+    if (bulk_capable<kernel>(device) && smem_optin<kernel>(device, dev) == cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(S * dev.sms));
+      cfg.blockDim = dim3(unsigned(kThreadsPerCta<1>));
+      cfg.dynamicSmemBytes = size_t(dev.smem_optin);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(S);
+      attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        cudaGetLastError();  // not sticky: clear it so the next launch does not report it
+        n = 0;
+      }
+    }
+    known[device][lg] = n > 0 ? n * S : -1;
+  }
+  return max(known[device][lg], 0);
+}
+
+// Forced K-slice count (tests, experiments): 0 = automatic. Set by kbit_mma_force_ksplit;
+// starts from the environment variable KBIT_MMA_KSPLIT.
+inline int& forced_ksplit() {
+  static int v = [] {
+    const char* e = getenv("KBIT_MMA_KSPLIT");
+    return e ? atoi(e) : 0;
+  }();
+  return v;
+}
+
+// How a call runs: S K-slices (clusters of S CTAs; 1 = no split), `sps` steps per slice, rg
+// row groups per CTA, `ctas` CTAs per slice, and its shared memory (0: the call is not handled:
+// M out of range, or x / the accumulator do not fit). rg is the fewest row groups that cover
+// the rows in one wave of CTAs (clusters), fewer (more waves) if the accumulator does not fit
+// then. M <= 16 keeps S = 1 where it fits (the measured, tuned case); otherwise the S (1, 2, 4,
+// 8) with the fewest bytes of staged x + accumulator per CTA times waves, which is what the
+// prologue and the epilogue of a CTA cost (a guess to be replaced by measurements).
+struct Plan {
+  int S = 0, sps = 0, rg = 0, ctas = 0;
+  size_t smem = 0;
+};
+template <typename T, int K_BITS>
+Plan plan_of(int M, int64_t N, int64_t K, int device, const DeviceInfo& dev) {
+  Plan best;
+  if (M < 1 || M > kMaxM || N < 1 || K < 1) return best;
+  const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
+  const int64_t total = ceil_div(KT, 2), groups = ceil_div(N, kRows);
+  if (total >= (int64_t(1) << 24) || groups >= (int64_t(1) << 26)) return best;
+  const int forced = forced_ksplit();
+  size_t best_cost = 0;
+  for (int S = 1; S <= 8; S *= 2) {
+    if ((forced > 0 && S != forced) || S > total) continue;
+    const int slots = cluster_ctas(device, dev, S);
+    if (slots < S) continue;
+    const int sps = int(ceil_div(total, S));
+    if (int64_t(S - 1) * sps >= total) continue;  // an empty slice: a smaller S does the same
+    if (size_t(M) * (sps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) continue;
+    const int per_wave = slots / S;  // CTAs of one slice per wave
+    int rg = int(ceil_div(groups, per_wave));
+    size_t smem = smem_bytes<T, K_BITS>(M, sps, rg, dev.smem_reserved, 0, 0);
+    while (smem > size_t(dev.smem_optin) && rg > 1) smem = smem_bytes<T, K_BITS>(M, sps, --rg, dev.smem_reserved, 0, 0);
+    if (smem > size_t(dev.smem_optin)) continue;
+    const int ctas = int(ceil_div(groups, rg));
+    const size_t waves = size_t(ceil_div(ctas, per_wave));
+    const size_t cost = waves * (size_t(M) * sps * kStepK * sizeof(T) + size_t(rg) * M * kAccStride * sizeof(float));
+    if (best.smem == 0 || cost < best_cost) {
+      best.S = S;
+      best.sps = sps;
+      best.rg = rg;
+      best.ctas = ctas;
+      best.smem = smem;
+      best_cost = cost;
+    }
+    if (S == 1 && M <= 16 && forced == 0) break;
+  }
+  return best;
+}
+
 template <typename T, int K_BITS, int FMT, int NT>
 cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int32_t* packed,
                    const void* absmax, const float* cb, int64_t N, int64_t K, int exponent,
                    const void* bias, void* out, int64_t ldo) {
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
-  const int steps = int(ceil_div(KT, 2));
-  const int64_t groups = ceil_div(N, kRows);
   // 32-bit block indices and sizes inside the kernel
   if (KT * kTileBlocks * N * K_BITS >= (int64_t(1) << 31) || N >= (int64_t(1) << 30)) return cudaErrorInvalidValue;
   int device = 0;
   cudaGetDevice(&device);
   const DeviceInfo& dev = device_info(device);
-  const size_t bytes = call_smem_bytes<T, K_BITS>(M, N, K, dev);
-  if (bytes == 0 || bytes > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
-  // One CTA per SM: the fewest row groups per CTA that cover the rows in one wave.
-  const int rg = int(ceil_div(groups, dev.sms));
+  const Plan plan = plan_of<T, K_BITS>(M, N, K, device, dev);
+  if (plan.smem == 0 || plan.smem > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
+  const int rg = plan.rg, steps = plan.sps;
   // The bulk variant when its copies are legal (16-byte aligned chunks: whole row groups,
   // aligned tensors), its warp split exists and at least 2 stages (or all steps) fit.
   int n_stages = 0;
@@ -840,17 +975,27 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int items_per_warp) {
     if (attr_err != cudaSuccess) return attr_err;
-    kernel<<<unsigned(ceil_div(groups, rg)), kThreadsPerCta<NT>, smem, s>>>(
-        static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N), int(K), int(KT), steps, rg,
-        items_per_warp, n_stages, ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias),
-        static_cast<T*>(out), ldo);
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(plan.ctas * plan.S));
+    cfg.blockDim = dim3(unsigned(kThreadsPerCta<NT>));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(plan.S);
+    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = plan.S > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
+                              int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages,
+                              ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias), static_cast<T*>(out),
+                              ldo);
   };
   if (n_stages > 0)
     return run(mma_kernel<T, K_BITS, FMT, NT, true>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, true>>(device, dev),
                bulk_bytes, 0);
   return run(mma_kernel<T, K_BITS, FMT, NT, false>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, false>>(device, dev),
-             bytes, int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>)));
+             plan.smem, int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>)));
 }
 
 template <typename T, int K_BITS, int FMT>
@@ -858,7 +1003,9 @@ cudaError_t launch_m(int M, cudaStream_t s, const void* x, int64_t ldx, const in
                      const void* a, const float* cb, int64_t N, int64_t K, int e,
                      const void* bias, void* out, int64_t ldo) {
   if (M <= 8) return launch<T, K_BITS, FMT, 1>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
-  return launch<T, K_BITS, FMT, 2>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
+  if (M <= 16) return launch<T, K_BITS, FMT, 2>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
+  if (M <= 32) return launch<T, K_BITS, FMT, 4>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
+  return launch<T, K_BITS, FMT, 8>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
 }
 
 template <typename T, int K_BITS>
@@ -896,12 +1043,30 @@ extern "C" int64_t kbit_mma_smem_bytes(int device, int dtype, int k, int64_t M, 
   if (device < 0 || N < 1 || K < 1) return 0;
   const DeviceInfo& dev = device_info(device);
   const bool half = dtype == KBIT_F16 || dtype == KBIT_BF16;
-  if (!half || M < 1 || M > 16) return 0;
+  if (!half || M < 1 || M > kMaxM) return 0;
   switch (k) {  // the table size depends on k only; the x size on the dtype's width (2 bytes)
-    case 2: return int64_t(call_smem_bytes<__half, 2>(int(M), N, K, dev));
-    case 3: return int64_t(call_smem_bytes<__half, 3>(int(M), N, K, dev));
-    case 4: return int64_t(call_smem_bytes<__half, 4>(int(M), N, K, dev));
-    case 5: return int64_t(call_smem_bytes<__half, 5>(int(M), N, K, dev));
+    case 2: return int64_t(plan_of<__half, 2>(int(M), N, K, device, dev).smem);
+    case 3: return int64_t(plan_of<__half, 3>(int(M), N, K, device, dev).smem);
+    case 4: return int64_t(plan_of<__half, 4>(int(M), N, K, device, dev).smem);
+    case 5: return int64_t(plan_of<__half, 5>(int(M), N, K, device, dev).smem);
+  }
+  return 0;
+}
+
+// Force the mma launcher's K-slice count (1, 2, 4, 8; 0: automatic again) for this process; calls
+// the forced count cannot take are refused (cudaErrorInvalidValue). For tests and experiments.
+extern "C" void kbit_mma_force_ksplit(int S) { kbit::forced_ksplit() = S; }
+
+// K-slices (cluster size) the mma launcher would use for this call (0: the call is not handled).
+extern "C" int kbit_mma_ksplit(int device, int k, int64_t M, int64_t N, int64_t K) {
+  using namespace kbit;
+  if (device < 0 || M < 1 || M > kMaxM) return 0;
+  const DeviceInfo& dev = device_info(device);
+  switch (k) {
+    case 2: return plan_of<__half, 2>(int(M), N, K, device, dev).S;
+    case 3: return plan_of<__half, 3>(int(M), N, K, device, dev).S;
+    case 4: return plan_of<__half, 4>(int(M), N, K, device, dev).S;
+    case 5: return plan_of<__half, 5>(int(M), N, K, device, dev).S;
   }
   return 0;
 }
@@ -916,7 +1081,7 @@ extern "C" int kbit_mma(int device, void* stream, const void* x, int dtype, int6
                         const void* bias, void* out, int64_t ldo) {
   using namespace kbit;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return small_m_entry(device, dtype, M, N, 16, [&](auto t) {
+  return small_m_entry(device, dtype, M, N, kMaxM, [&](auto t) {
     return launch_k<decltype(t)>(k, absmax_format, int(M), s, x, ldx, packed, absmax, codebook, N, K,
                                  absmax_exponent, bias, out, ldo);
   });

@@ -368,24 +368,27 @@ __all__ = [
 # ----------------------------------------------------------------------------- small-M matmul
 # Two kernels compute out[M, N] = x[M, K] @ W^T (+ bias) for a tiled64 weight:
 #   gemv: scalar FMA kernel, M <= 4;
-#   mma:  tensor-core kernel (mma.sync, weights decoded into registers), M <= 16, with x
-#         staged whole in shared memory (mma_supports()).
+#   mma:  tensor-core kernel (mma.sync, weights decoded into registers), M <= 64, with x
+#         staged in shared memory: whole, or (sm_90+) split over K between the CTAs of a
+#         cluster (mma_supports()).
 # Each has a functional form and an `_out` form writing into a caller-provided [M, N] tensor.
 
 GEMV_MAX_M = 4
-MMA_MAX_M = 16
-# csrc/mma.cu kMaxXSmem, read from the library when it is loaded
+MMA_MAX_M = 64
+MMA_MAX_KSPLIT = 8  # csrc/mma.cu: K-slices per cluster at most (sm_90+)
+# csrc/mma.cu kMaxXSmem (staged x per CTA), read from the library when it is loaded
 MMA_MAX_X_BYTES = _lib._lib.kbit_mma_max_x_bytes() if _lib.available() else 136 * 1024
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 
 
 def mma_supports(m: int, kdim: int, n: int | None = None, k: int | None = None, device=None) -> bool:
-    """Whether the tensor-core kernel takes x [m, kdim]: staged x within MMA_MAX_X_BYTES and,
-    given n, k and a CUDA device, the call's shared memory within the device's limit (asked
-    of the library: the launcher's own rule)."""
+    """Whether the tensor-core kernel takes x [m, kdim]. Given n, k and a CUDA device: the
+    library's own rule (its launch plan fits the device's shared memory; K is split over a
+    cluster's CTAs only on sm_90+). Otherwise the loosest rule: a K-slice of x (at most
+    MMA_MAX_KSPLIT per cluster) within MMA_MAX_X_BYTES."""
     steps = -(-kdim // 128)
-    x_bytes = m * (steps * 128 + 16) * 2
+    x_bytes = m * (-(-steps // MMA_MAX_KSPLIT) * 128 + 16) * 2
     if not (1 <= m <= MMA_MAX_M and x_bytes <= MMA_MAX_X_BYTES):
         return False
     if n is None or k is None or device is None or torch.device(device).type != "cuda":
@@ -412,6 +415,24 @@ def _mma_max_m(index: int, k: int, n: int, kdim: int) -> int:
         _max_m[key] = max([0] + [m for m in range(1, MMA_MAX_M + 1)
                                  if 0 < _lib._lib.kbit_mma_smem_bytes(index, 1, k, m, n, kdim) <= optin])
     return _max_m[key]
+
+
+def mma_ksplit(m: int, kdim: int, n: int, k: int, device) -> int:
+    """K-slices (CTAs per cluster) of the mma launch plan for this call on a CUDA device: 1 =
+    x staged whole, 2..8 = split over K (sm_90+), 0 = not handled by mma."""
+    if not _lib.available():
+        return 0
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _lib._lib.kbit_mma_ksplit(index, k, m, n, kdim)
+
+
+def force_mma_ksplit(S: int) -> None:
+    """Tests and experiments: make every mma launch use S K-slices (1, 2, 4, 8; 0 = automatic
+    again); calls that S cannot take are refused. Clears mma_supports' cache."""
+    if _lib.available():
+        _lib._lib.kbit_mma_force_ksplit(int(S))
+    _max_m.clear()
 
 
 def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
@@ -501,4 +522,4 @@ def _def_small_m(name: str, max_m: int):
 gemv, gemv_out = _def_small_m("gemv", GEMV_MAX_M)
 mma, mma_out = _def_small_m("mma", MMA_MAX_M)
 
-__all__ += ["gemv", "gemv_out", "mma", "mma_out", "mma_supports"]
+__all__ += ["gemv", "gemv_out", "mma", "mma_out", "mma_supports", "mma_ksplit"]

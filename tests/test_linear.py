@@ -46,14 +46,15 @@ def test_gemv_small_m(device, k, dtype, rng):
 
 MMA_SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (8, 33), (2048, 512), (136, 5120),
               (64, 4096)]  # last: at M >= 8 the staged x rows sit on both sides of the table
-MMA_MS = (1, 2, 3, 4, 5, 8, 9, 15, 16)
+MMA_MS = (1, 2, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 64)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_mma_small_m(device, k, dtype, rng):
-    """Tensor-core kernel, M = 1..16, into NaN-poisoned outputs.
+    """Tensor-core kernel, M = 1..64 (split over K where x does not fit whole), into
+    NaN-poisoned outputs.
 
     The kernel multiplies codebook value x block scale in the activation dtype (one extra
     rounding of each weight before the fp32-accumulated MMA: relative 2^-11 fp16 / 2^-8 bf16,
@@ -126,6 +127,73 @@ def test_mma_bulk_copy_ring_wraps(device, k, rng):
         assert err <= TOL[torch.float16], (m, err)
 
 
+def _cluster_capable():
+    """sm_90+ (the library is built with an sm_90a binary, setup.py): clusters exist."""
+    return GPU and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_mma_split_k(k, rng):
+    """Split-K (clusters of 2, 4, 8 CTAs adding their partial sums through distributed shared
+    memory, sm_90+): every forced slice count on shapes with slices of unequal length (K = 4128:
+    33 steps), a bias, the bulk-copy variant (N = 12288), M in every token-tile width, both
+    dtypes, NaN-poisoned outputs. Same bounds as test_mma_small_m. Without cluster support
+    (pre-sm_90) only S = 1 exists: forcing S = 2 must refuse the call, not compute garbage."""
+    device = "cuda"
+    cases = [(200, 4128, (1, 17, 40)), (512, 2048, (5, 16, 64)), (12288, 320, (9, 33))]
+    seen = set()
+    try:
+        for n, kdim, ms in cases:
+            q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
+            w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                               q.absmax_exponent, torch.float32)
+            for S in (1, 2, 4, 8):
+                ops.force_mma_ksplit(S)
+                for i, m in enumerate(ms):
+                    if ops.mma_ksplit(m, kdim, n, k, device) != S:
+                        continue
+                    seen.add(S)
+                    dtype = (torch.float16, torch.bfloat16)[i % 2]
+                    x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
+                    bias = torch.randn(n, generator=rng).to(dtype).to(device)
+                    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                    ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
+                    err = _rel_err(out.cpu(), ref.linear(x.cpu(), w, bias.cpu()))
+                    assert err <= TOL[dtype], (n, kdim, m, S, err)
+        if _cluster_capable():
+            assert seen == {1, 2, 4, 8}, seen
+        else:
+            assert seen <= {1}, seen
+            ops.force_mma_ksplit(2)
+            x = torch.randn(1, 2048, dtype=torch.float16, device=device)
+            q = kbit.repack(kbit.quantize(random_weight(64, 2048, gen=rng, device=device), k=k))
+            with pytest.raises((ValueError, RuntimeError)):
+                ops.mma(x, q.packed, q.absmax, q.codebook, 64, 2048, 0)
+    finally:
+        ops.force_mma_ksplit(0)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_mma_model_shapes_large_m(rng):
+    """The model shapes at M = 16 (down: only with split-K) and 64 through the automatic plan,
+    where the library says mma takes them (k = 4, fp16)."""
+    for kdim, n in [(2048, 5120), (5120, 2048), (2048, 512)]:
+        q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=4))
+        w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                           q.absmax_exponent, torch.float32)
+        for m in (16, 48, 64):
+            if _cluster_capable():
+                assert ops.mma_supports(m, kdim, n, 4, "cuda"), (kdim, n, m)
+            if not ops.mma_supports(m, kdim, n, 4, "cuda"):
+                continue
+            x = torch.randn(m, kdim, generator=rng).to(torch.float16).cuda()
+            out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+            ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, 0, None, out)
+            err = _rel_err(out.cpu(), ref.linear(x.cpu(), w, None))
+            assert err <= TOL[torch.float16], (kdim, n, m, err)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name, m, k", [("mma", 11, 3), ("gemv", 3, 5)])
 def test_small_m_opcheck(device, name, m, k, rng):
@@ -142,11 +210,13 @@ def test_small_m_opcheck(device, name, m, k, rng):
 @pytest.mark.parametrize("device", DEVICES)
 def test_mma_limits(device, rng):
     q = kbit.repack(kbit.quantize(random_weight(24, 100, gen=rng, device=device), k=3))
-    with pytest.raises(ValueError, match="M <= 16"):
-        ops.mma(torch.zeros(17, 100, dtype=torch.float16, device=device), q.packed, q.absmax,
+    with pytest.raises(ValueError, match="M <= 64"):
+        ops.mma(torch.zeros(65, 100, dtype=torch.float16, device=device), q.packed, q.absmax,
                 q.codebook, 24, 100, 0)
-    assert not ops.mma_supports(16, 1 << 15) and ops.mma_supports(1, 1 << 15)
-    assert ops.mma_supports(16, 4096) and not ops.mma_supports(16, 5120)
+    # without a device: a K-slice of x (at most 8 per cluster) within MMA_MAX_X_BYTES
+    assert not ops.mma_supports(64, 1 << 15) and ops.mma_supports(16, 1 << 15)
+    assert ops.mma_supports(64, 8192) and not ops.mma_supports(64, 8193)
+    assert not ops.mma_supports(65, 128) and not ops.mma_supports(0, 128)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,10 +1,10 @@
 """The "linear" suite of `kbit bench`: per-M tables in the seeds' format.
 
 Rows (shape, k) over the dense shapes of DESIGN.md §4, columns per kernel (Scalar = the scalar
-GEMV for M <= 4; MMA = the tensor-core kernel for M <= 16; dq+cuBLAS = dequantize into a
+GEMV for M <= 4; MMA = the tensor-core kernel for M <= 64; dq+cuBLAS = dequantize into a
 reused buffer, then cuBLAS), fp16 cuBLAS, Best (fastest kbit kernel), GB/s of Best (k-bit
 weight bytes / time), vs fp16 = fp16 / Best; a TOTAL row per k sums Best and fp16 over the
-dense shapes. The 8192x28672 weight ("big", K = 8192, N = 28672) is measured for M <= 16 and
+dense shapes. The 8192x28672 weight ("big", K = 8192, N = 28672) is measured for M <= 64 and
 shown below the TOTAL, not in it. MoE rows are not measured yet (no grouped kernel). Every
 time is cold: weights rotated over enough copies to exceed L2 several times; CUDA-graph
 replay, median.
@@ -24,7 +24,7 @@ from .timing import copies_for_cold, graph_time_us, sm_clock_mhz
 DENSE = {"gateup": (2048, 5120), "down": (5120, 2048), "Q": (2048, 4096), "O": (4096, 2048),
          "KV": (2048, 512)}
 EXTRA = {"big": (8192, 28672)}  # name: (K, N); not in TOTAL
-EXTRA_MAX_M = 16
+EXTRA_MAX_M = 64
 KERNELS = ["Scalar", "MMA", "dq+cuBLAS"]
 
 
