@@ -891,9 +891,9 @@ inline int& forced_ksplit() {
 // row groups per CTA, `ctas` CTAs per slice, and its shared memory (0: the call is not handled:
 // M out of range, or x / the accumulator do not fit). rg is the fewest row groups that cover
 // the rows in one wave of CTAs (clusters), fewer (more waves) if the accumulator does not fit
-// then. M <= 16 keeps S = 1 where it fits (the measured, tuned case); otherwise the S (1, 2, 4,
-// 8) with the fewest bytes of staged x + accumulator per CTA times waves, which is what the
-// prologue and the epilogue of a CTA cost (a guess to be replaced by measurements).
+// then. S = 1 where the rule at the end of the loop says so; otherwise the S (1, 2, 4, 8) with
+// the fewest bytes of staged x + accumulator per CTA times waves, which is what the prologue
+// and the epilogue of a CTA cost (a model; the split-K sweep in NOTES.md checks its choices).
 struct Plan {
   int S = 0, sps = 0, rg = 0, ctas = 0;
   size_t smem = 0;
@@ -930,7 +930,13 @@ Plan plan_of(int M, int64_t N, int64_t K, int device, const DeviceInfo& dev) {
       best.smem = smem;
       best_cost = cost;
     }
-    if (S == 1 && M <= 16 && forced == 0) break;
+    // S = 1 where it fits for M <= 8 (the tuned case: 1.5-3% better than any split in the
+    // sweep), and for M > 8 while x is small (<= 72 KB) and the CTAs fill at least half the
+    // SMs (KV, 32 CTAs at S = 1, was 9% faster with S = 8 at M = 16; gateup and Q 3-10%
+    // slower with any split; NOTES.md "split-K sweep").
+    if (S == 1 && forced == 0 &&
+        (M <= 8 || (size_t(M) * (sps * kStepK + kXPad) * sizeof(T) <= 72 * 1024 && 2 * ctas >= slots)))
+      break;
   }
   return best;
 }

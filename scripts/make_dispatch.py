@@ -64,7 +64,7 @@ def main() -> None:
     for (n, kdim, k), by_m in sorted(best.items()):
         print(f"    ({n}, {kdim}, {k}): {ranges(by_m)!r},")
     print("}")
-    print('DEFAULT = ((16, "mma"),)')
+    print('DEFAULT = ((32, "mma"),)')
 
 
 if __name__ == "__main__":
