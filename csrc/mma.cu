@@ -459,8 +459,11 @@ template <int FMT> constexpr int kScaleBytes = FMT == KBIT_ABSMAX_E4M4 ? 1 : FMT
 // load/store queue (where the register ring's loads hold up the table build) and a CTA keeps
 // n_stages steps in flight; but each copy took ~50 ns of the SM's copy unit (measured), which
 // only pays off for large chunks (many row groups per CTA).
-template <typename T, int K_BITS, int FMT, int NT, bool BULK>
-__global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
+// SPLIT: the split-K variant (launched in clusters of kslices > 1 CTAs). The plain variant has
+// no cluster instructions and no division of blockIdx.x: with them, every M <= 8 call was
+// 0.15-0.25 us slower (H100, scripts/mma_timeline.cu, A/B).
+template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT>
+__device__ __forceinline__ void mma_body(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
@@ -472,9 +475,10 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   // cluster runs steps step0 .. step0 + lsteps - 1 (`steps` per slice; the last may have
   // fewer, or none) and stages only that part of x; the cluster adds its partial results
   // through distributed shared memory at the end.
-  const int slice = int(blockIdx.x) % kslices, cta = int(blockIdx.x) / kslices;
+  const int slice = SPLIT ? int(blockIdx.x) % kslices : 0;
+  const int cta = SPLIT ? int(blockIdx.x) / kslices : int(blockIdx.x);
   const int step0 = slice * steps;
-  const int lsteps = max(0, min(steps, (KT + 1) / 2 - step0));
+  const int lsteps = SPLIT ? max(0, min(steps, (KT + 1) / 2 - step0)) : steps;
   extern __shared__ __align__(16) char smem[];
   const uint32_t smem_sh = uint32_t(__cvta_generic_to_shared(smem));
   const uint32_t stage_bytes = stage_bytes_of<K_BITS>(rg_per_cta, kScaleBytes<FMT>);
@@ -783,7 +787,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   // until the others have read it.
   const int outputs = rg_per_cta * M * kRows;
   int first = 0, last = outputs;
-  if (kslices > 1) {
+  if (SPLIT) {
     cluster_sync();
     const int share = (outputs + kslices - 1) / kslices;
     first = min(outputs, slice * share);
@@ -796,7 +800,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     if (n < N) {
       const int off = (rg * M + m) * kAccStride + row;
       float v = 0.f;
-      if (kslices > 1) {
+      if (SPLIT) {
         for (int r = 0; r < kslices; r++) v += ld_cluster_f32(acc_sh + 4u * uint32_t(off), uint32_t(r));
       } else {
         v = acc_s[off];
@@ -806,8 +810,31 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
       out[m * ldo + n] = from_float<T>(v);
     }
   }
-  if (kslices > 1) cluster_sync();
+  if (SPLIT) cluster_sync();
   KBIT_MMA_MARK(5, 0u);
+}
+
+// The kernel. Compiled for a pre-sm_90 target, the split variant (clusters) is a stub that
+// traps: the launcher never picks it there (cluster_ctas is 0), and its body would only add
+// compile time.
+template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT>
+__global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
+    const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
+    const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
+    int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
+    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr bool kBody = !SPLIT;
+#else
+  constexpr bool kBody = true;
+#endif
+  if constexpr (kBody) {
+    mma_body<T, K_BITS, FMT, NT, BULK, SPLIT>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
+                                              rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out,
+                                              ldo);
+  } else {
+    __trap();
+  }
 }
 
 #ifndef KBIT_MMA_MAX_STAGES
@@ -854,7 +881,7 @@ inline int cluster_ctas(int device, const DeviceInfo& dev, int S) {
   int lg = S == 2 ? 1 : S == 4 ? 2 : S == 8 ? 3 : 0;
   if (device < 0 || device >= 64 || lg == 0) return 0;
   if (known[device][lg] == 0) {
-    constexpr auto kernel = mma_kernel<__half, 4, KBIT_ABSMAX_E4M4, 1, false>;
+    constexpr auto kernel = mma_kernel<__half, 4, KBIT_ABSMAX_E4M4, 1, false, true>;
     int n = 0;
     if (bulk_capable<kernel>(device) && smem_optin<kernel>(device, dev) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
@@ -960,7 +987,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   size_t bulk_bytes = 0;
   // Each bulk copy costs the producer ~0.1 us to issue (measured: 4 copies per step), so
   // small chunks (few row groups per CTA) stream slower than the register ring.
-  if (rg >= KBIT_MMA_BULK_MIN_RG && bulk_capable<mma_kernel<T, K_BITS, FMT, NT, true>>(device) &&
+  if (rg >= KBIT_MMA_BULK_MIN_RG && bulk_capable<mma_kernel<T, K_BITS, FMT, NT, true, false>>(device) &&
       N % kRows == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(absmax) % 16 == 0 && rg <= kWarpsPerCta<NT> - 1) {
     const int sb = stage_bytes_of<K_BITS>(rg, kScaleBytes<FMT>);
@@ -997,11 +1024,15 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
                               ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias), static_cast<T*>(out),
                               ldo);
   };
-  if (n_stages > 0)
-    return run(mma_kernel<T, K_BITS, FMT, NT, true>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, true>>(device, dev),
-               bulk_bytes, 0);
-  return run(mma_kernel<T, K_BITS, FMT, NT, false>, smem_optin<mma_kernel<T, K_BITS, FMT, NT, false>>(device, dev),
-             plan.smem, int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>)));
+  const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
+  auto go = [&](auto bulk, auto split) {
+    constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value>;
+    return run(kernel, smem_optin<kernel>(device, dev), bulk ? bulk_bytes : plan.smem, bulk ? 0 : items_per_warp);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (n_stages > 0) return plan.S > 1 ? go(Yes{}, Yes{}) : go(Yes{}, No{});
+  return plan.S > 1 ? go(No{}, Yes{}) : go(No{}, No{});
 }
 
 template <typename T, int K_BITS, int FMT>

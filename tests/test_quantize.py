@@ -35,8 +35,17 @@ def _check_against_independent(w, q, fmt):
 @pytest.mark.parametrize("fmt", ["e4m4", "fp16", "fp32"])
 def test_quantize_matches_independent(device, k, fmt, rng):
     for (n, kdim), dtype in zip(SHAPES, DTYPES * 2):
-        w = random_weight(n, kdim, dtype, rng, device)
-        q = kbit.quantize(w, k=k, absmax_format=fmt)
+        # Rows spread over 2 decades plus a partial last block of a few values can, rarely, span
+        # more than E4M4's ~5.7 decades (seen once: 1.7e-6 .. 0.98); the format refuses such a
+        # tensor by design (tested in test_out_of_range_absmax_*), so draw again.
+        for _ in range(20):
+            w = random_weight(n, kdim, dtype, rng, device)
+            try:
+                q = kbit.quantize(w, k=k, absmax_format=fmt)
+                break
+            except KbitFormatError:
+                if fmt != "e4m4":
+                    raise
         assert q.shape == (n, kdim) and q.device.type == device
         _check_against_independent(w, q, fmt)
 
