@@ -3,8 +3,7 @@
 Dispatch (tiled64 weights): `kernel_for` looks the (N, K, k) of the weight up in
 kbit/dispatch_table.py, the faster of mma and dequantize + cuBLAS per range of M measured by
 `kbit bench --suite linear` (the table's header has the command that regenerates it); other
-shapes use its
-DEFAULT (the tensor-core kernel for M <= 32). "mma" falls back to the scalar GEMV (M <= 4)
+shapes use its DEFAULT (the tensor-core kernel for M <= 32). "mma" falls back to the scalar GEMV (M <= 4)
 when x is too large to stage in shared memory (mma_supports), then to dequantize. A flat
 weight, or an M past the table, takes dequantize into a reused per-(device, stream, dtype)
 buffer + torch.nn.functional.linear (cuBLAS). With `out` given (contiguous [M, N], x's

@@ -395,9 +395,12 @@ def mma_supports(m: int, kdim: int, n: int | None = None, k: int | None = None, 
         return True
     if not _lib.available():
         return False
+    return m <= _mma_max_m(_device_index(device), k, n, kdim)  # m may be symbolic (torch.compile)
+
+
+def _device_index(device) -> int:
     device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return m <= _mma_max_m(index, k, n, kdim)  # m may be symbolic (torch.compile)
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 _max_m: dict = {}
@@ -422,9 +425,7 @@ def mma_ksplit(m: int, kdim: int, n: int, k: int, device) -> int:
     x staged whole, 2..8 = split over K (sm_90+), 0 = not handled by mma."""
     if not _lib.available():
         return 0
-    device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _lib._lib.kbit_mma_ksplit(index, k, m, n, kdim)
+    return _lib._lib.kbit_mma_ksplit(_device_index(device), k, m, n, kdim)
 
 
 def force_mma_ksplit(S: int) -> None:
