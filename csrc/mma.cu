@@ -78,7 +78,8 @@ constexpr int kXPad = 16;                   // halves of padding per staged x ro
 // flush's atomics (lane (g, c): token 2c (+1), rows g, g + 8) hit 32 distinct banks (a
 // stride of 16 made them 4-way conflicts: ncu counted ~400 extra wavefronts per CTA at M = 8).
 constexpr int kAccStride = 20;
-constexpr int kMaxXSmem = 136 * 1024;       // staged x larger than this: not handled here
+constexpr int kMaxXSmem = 136 * 1024;
+constexpr int kMaxKSlices = 8;              // split-K: clusters of 2, 4 or 8 CTAs       // staged x larger than this: not handled here
 template <typename T> struct Pair;
 template <> struct Pair<__half> {
   using type = __half2;
@@ -185,15 +186,15 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
 
 // Thread-block clusters (sm_90+; the split-K variant): a barrier over the cluster's CTAs whose
 // shared-memory writes before it are visible to all of them after it, and a load from the
-// shared memory of CTA `rank` at the address `addr` has in this CTA.
+// shared memory of CTA `rank` at the address `addr` has in this CTA (16 bytes).
 __device__ __forceinline__ void cluster_sync() {
   KBIT_BULK_ASM("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-__device__ __forceinline__ float ld_cluster_f32(uint32_t addr, uint32_t rank) {
-  float v = 0.f;
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr, uint32_t rank) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   KBIT_BULK_ASM(
-      "{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %1, %2;\n ld.shared::cluster.f32 %0, [r];\n}"
-      : "=f"(v) : "r"(addr), "r"(rank) : "memory");
+      "{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %4, %5;\n ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [r];\n}"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr), "r"(rank) : "memory");
   return v;
 }
 
@@ -785,31 +786,43 @@ __device__ __forceinline__ void mma_body(
   // offset in each), CTA `slice` adds up its 1 / kslices of the outputs from all of them in
   // rank order (deterministic); the second barrier keeps every CTA's shared memory alive
   // until the others have read it.
-  const int outputs = rg_per_cta * M * kRows;
-  int first = 0, last = outputs;
+  // Work in quads of 4 rows (16-byte shared loads; with a split, the kslices loads of a quad
+  // are in flight together).
+  const int quads = rg_per_cta * M * (kRows / 4);
+  int first = 0, last = quads;
   if (SPLIT) {
     cluster_sync();
-    const int share = (outputs + kslices - 1) / kslices;
-    first = min(outputs, slice * share);
-    last = min(outputs, first + share);
+    KBIT_MMA_MARK(8, 0u);
+    const int share = (quads + kslices - 1) / kslices;
+    first = min(quads, slice * share);
+    last = min(quads, first + share);
   }
   const uint32_t acc_sh = smem_sh + uint32_t(reinterpret_cast<char*>(acc_s) - smem);
   for (int i = first + int(threadIdx.x); i < last; i += kThreads) {
-    const int rg = i / (M * kRows), rest = i - rg * M * kRows, m = rest / kRows, row = rest % kRows;
+    const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
     const int n = (group0 + rg) * kRows + row;
     if (n < N) {
       const int off = (rg * M + m) * kAccStride + row;
-      float v = 0.f;
+      float4 v;
       if (SPLIT) {
-        for (int r = 0; r < kslices; r++) v += ld_cluster_f32(acc_sh + 4u * uint32_t(off), uint32_t(r));
+        float4 part[kMaxKSlices];
+#pragma unroll
+        for (int r = 0; r < kMaxKSlices; r++)
+          if (r < kslices) part[r] = ld_cluster_f32x4(acc_sh + 4u * uint32_t(off), uint32_t(r));
+        v = part[0];
+#pragma unroll
+        for (int r = 1; r < kMaxKSlices; r++)
+          if (r < kslices) { v.x += part[r].x; v.y += part[r].y; v.z += part[r].z; v.w += part[r].w; }
       } else {
-        v = acc_s[off];
+        v = *reinterpret_cast<const float4*>(acc_s + off);
       }
-      v *= shift_up;
-      if (bias != nullptr) v += to_float(bias[n]);
-      out[m * ldo + n] = from_float<T>(v);
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        if (n + j < N) out[m * ldo + n + j] = from_float<T>(f[j] * shift_up + (bias != nullptr ? to_float(bias[n + j]) : 0.f));
     }
   }
+  KBIT_MMA_MARK(9, 0u);
   if (SPLIT) cluster_sync();
   KBIT_MMA_MARK(5, 0u);
 }
@@ -934,7 +947,7 @@ Plan plan_of(int M, int64_t N, int64_t K, int device, const DeviceInfo& dev) {
   if (total >= (int64_t(1) << 24) || groups >= (int64_t(1) << 26)) return best;
   const int forced = forced_ksplit();
   size_t best_cost = 0;
-  for (int S = 1; S <= 8; S *= 2) {
+  for (int S = 1; S <= kMaxKSlices; S *= 2) {
     if ((forced > 0 && S != forced) || S > total) continue;
     const int slots = cluster_ctas(device, dev, S);
     if (slots < S) continue;

@@ -8,14 +8,17 @@
 // started (%globaltimer): first weight loads issued, prologue done, first weights in
 // registers, main loop done (first/last warp), C written (first/last warp), the last CTA's
 // end; then x0/1, cur0/1, iss0: first/last warp done issuing its x loads, done with its load
-// cursor, first warp done issuing its weight loads. Random weights (timing only; correctness
-// is the test suite's job).
+// cursor, first warp done issuing its weight loads; split-K calls: sync0 = first warp past the
+// first cluster barrier, read1 = last warp done reading the cluster's partial sums. Random
+// weights (timing only; correctness is the test suite's job).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-__device__ unsigned long long kbit_tl[2048][8][2];  // [CTA][point][first warp, last warp]
+constexpr int kPoints = 10;  // KBIT_MMA_MARK points
+
+__device__ unsigned long long kbit_tl[2048][kPoints][2];  // [CTA][point][first warp, last warp]
 __device__ __forceinline__ void kbit_tl_mark(int i, unsigned dep) {
   if (dep == 0x9e3779b9u) return;  // makes the timer read wait for `dep`
   unsigned long long t;
@@ -58,8 +61,8 @@ int main(int argc, char** argv) {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   printf("%s, k=%d, M=%d; us per call (graph, cold), timeline ns after the first CTA starts\n", prop.name, k, M);
-  printf("%-7s %7s %7s %6s | %5s %6s %6s %6s %6s %6s %6s %6s %6s %11s %11s %6s\n", "shape", "us", "GB/s", "CTAs",
-         "start", "issued", "prolog", "data", "loop0", "loop1", "end0", "end1", "span", "x0/1", "cur0/1", "iss0");
+  printf("%-7s %7s %7s %6s | %5s %6s %6s %6s %6s %6s %6s %6s %6s %11s %11s %6s %6s %6s\n", "shape", "us", "GB/s", "CTAs",
+         "start", "issued", "prolog", "data", "loop0", "loop1", "end0", "end1", "span", "x0/1", "cur0/1", "iss0", "sync0", "read1");
   {  // the per-call floor in this harness
     cudaGraph_t g; cudaGraphExec_t ge; cudaEvent_t a, b;
     CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
@@ -125,7 +128,7 @@ int main(int argc, char** argv) {
     std::sort(t.begin(), t.end());
     const float us = t[t.size() / 2];
     // timeline of one more call, after the graph's calls evicted its copy from L2
-    std::vector<unsigned long long> init(2048 * 8 * 2);
+    std::vector<unsigned long long> init(2048 * kPoints * 2);
     for (size_t i = 0; i < init.size(); i++) init[i] = (i & 1) ? 0ull : ~0ull;
     CK(cudaGraphLaunch(ge, s));
     CK(cudaMemcpyToSymbolAsync(kbit_tl, init.data(), init.size() * 8, 0, cudaMemcpyHostToDevice, s));
@@ -136,16 +139,19 @@ int main(int argc, char** argv) {
     int ctas = 0;
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < 2048; c++)
-      if (tl[(c * 8 + 0) * 2 + 1] != 0) { ctas++; t0 = std::min(t0, tl[(c * 8 + 0) * 2]); }
-    double mean[8][2] = {};
+      if (tl[(c * kPoints + 0) * 2 + 1] != 0) { ctas++; t0 = std::min(t0, tl[(c * kPoints + 0) * 2]); }
+    double mean[kPoints][2] = {};
     unsigned long long last = 0;
-    for (int c = 0; c < ctas; c++) last = std::max(last, tl[(c * 8 + 5) * 2 + 1] - t0);
+    for (int c = 0; c < ctas; c++) last = std::max(last, tl[(c * kPoints + 5) * 2 + 1] - t0);
     for (int c = 0; c < ctas; c++)
-      for (int p = 0; p < 8; p++)
-        for (int w = 0; w < 2; w++) mean[p][w] += double(tl[(c * 8 + p) * 2 + w] - t0) / ctas;
-    printf("%-7s %7.2f %7.0f %6d | %5.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6llu %5.0f/%5.0f %5.0f/%5.0f %6.0f\n", sh.name, us,
+      for (int p = 0; p < kPoints; p++)
+        for (int w = 0; w < 2; w++) {
+          const unsigned long long v = tl[(c * kPoints + p) * 2 + w];
+          mean[p][w] += double(v == 0 || v == ~0ull ? 0 : v - t0) / ctas;  // points a variant never reaches: 0
+        }
+    printf("%-7s %7.2f %7.0f %6d | %5.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6.0f %6llu %5.0f/%5.0f %5.0f/%5.0f %6.0f %6.0f %6.0f\n", sh.name, us,
            bytes / (us * 1e3), ctas, mean[0][0], mean[1][1], mean[2][1], mean[3][1], mean[4][0],
-           mean[4][1], mean[5][0], mean[5][1], last, mean[6][0], mean[6][1], mean[7][0], mean[7][1], mean[1][0]);
+           mean[4][1], mean[5][0], mean[5][1], last, mean[6][0], mean[6][1], mean[7][0], mean[7][1], mean[1][0], mean[8][0], mean[9][1]);
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
     CK(cudaFree(packed)); CK(cudaFree(absmax)); CK(cudaFree(cb)); CK(cudaFree(x)); CK(cudaFree(out));
   }
