@@ -78,8 +78,8 @@ constexpr int kXPad = 16;                   // halves of padding per staged x ro
 // flush's atomics (lane (g, c): token 2c (+1), rows g, g + 8) hit 32 distinct banks (a
 // stride of 16 made them 4-way conflicts: ncu counted ~400 extra wavefronts per CTA at M = 8).
 constexpr int kAccStride = 20;
-constexpr int kMaxXSmem = 136 * 1024;
-constexpr int kMaxKSlices = 8;              // split-K: clusters of 2, 4 or 8 CTAs       // staged x larger than this: not handled here
+constexpr int kMaxXSmem = 136 * 1024;       // staged x larger than this: not handled here
+constexpr int kMaxKSlices = 8;              // split-K: clusters of 2, 4 or 8 CTAs
 template <typename T> struct Pair;
 template <> struct Pair<__half> {
   using type = __half2;
