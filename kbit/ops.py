@@ -366,15 +366,18 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- small-M matmul
-# Two kernels compute out[M, N] = x[M, K] @ W^T (+ bias) for a tiled64 weight:
-#   gemv: scalar FMA kernel, M <= 4;
-#   mma:  tensor-core kernel (mma.sync, weights decoded into registers), M <= 64, with x
-#         staged in shared memory: whole, or (sm_90+) split over K between the CTAs of a
-#         cluster (mma_supports()).
+# Three kernels compute out[M, N] = x[M, K] @ W^T (+ bias) for a tiled64 weight:
+#   gemv:  scalar FMA kernel, M <= 4;
+#   mma:   tensor-core kernel (mma.sync, weights decoded into registers), M <= 64, with x
+#          staged in shared memory: whole, or (sm_90+) split over K between the CTAs of a
+#          cluster (mma_supports());
+#   wgmma: tiled GEMM on Hopper's warpgroup MMA (compute capability 9.0 only), any M, the
+#          weight tile decoded once per CTA into shared memory (wgmma_supports()).
 # Each has a functional form and an `_out` form writing into a caller-provided [M, N] tensor.
 
 GEMV_MAX_M = 4
 MMA_MAX_M = 64
+WGMMA_MAX_M = 2**31 - 1
 MMA_MAX_KSPLIT = 8  # csrc/mma.cu: K-slices per cluster at most (sm_90+)
 # csrc/mma.cu kMaxXSmem (staged x per CTA), read from the library when it is loaded
 MMA_MAX_X_BYTES = _lib._lib.kbit_mma_max_x_bytes() if _lib.available() else 136 * 1024
@@ -396,6 +399,36 @@ def mma_supports(m: int, kdim: int, n: int | None = None, k: int | None = None, 
     if not _lib.available():
         return False
     return m <= _mma_max_m(_device_index(device), k, n, kdim)  # m may be symbolic (torch.compile)
+
+
+_wgmma_ok: dict = {}
+
+
+def wgmma_supports(m: int, kdim: int, n: int, k: int | None = None, device=None) -> bool:
+    """Whether the wgmma kernel takes x [m, kdim] @ W[n, kdim]^T: N and K multiples of 8 and,
+    for a CUDA device, compute capability 9.0 with a library built for it (sm_90a). Without a
+    device only the shape rule is checked."""
+    if not (m >= 1 and n % 8 == 0 and kdim % 8 == 0):
+        return False
+    if device is None or torch.device(device).type != "cuda":
+        return True
+    if not _lib.available():
+        return False
+    return _wgmma_available(_device_index(device))
+
+
+@torch.compiler.assume_constant_result
+def _wgmma_available(index: int) -> bool:
+    if index not in _wgmma_ok:
+        _wgmma_ok[index] = bool(_lib._lib.kbit_wgmma_available(index))
+    return _wgmma_ok[index]
+
+
+def force_wgmma_config(bn: int = 0, wg: int = 0) -> None:
+    """Tests and experiments: make every wgmma launch use BN weight rows (32, 64) and WG
+    warpgroups (1, 2, 4) per CTA; 0 = automatic."""
+    if _lib.available():
+        _lib._lib.kbit_wgmma_force_config(int(bn), int(wg))
 
 
 def _device_index(device) -> int:
@@ -445,6 +478,9 @@ def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exp
     if name == "mma" and x.shape[0] > 0 and not mma_supports(
             x.shape[0], kdim, n, codebook.numel().bit_length() - 1, x.device):
         raise ValueError(f"mma: x [{x.shape[0]}, {kdim}] is too large to stage in shared memory")
+    if name == "wgmma" and x.shape[0] > 0 and not wgmma_supports(x.shape[0], kdim, n, None, x.device):
+        raise ValueError(f"wgmma needs N and K multiples of 8 and, on CUDA, a compute capability "
+                         f"9.0 device with an sm_90a build; got N={n}, K={kdim} on {x.device}")
     _check_packed(packed, absmax, codebook, n, kdim, "tiled64")
     if x.device != packed.device:
         raise ValueError(f"x is on {x.device}; the weight is on {packed.device}")
@@ -469,6 +505,12 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
         return None
     if x.stride(-1) != 1:
         x = x.contiguous()
+    target = out
+    if cfn == "kbit_wgmma":  # 16-byte aligned x rows, 4-byte aligned output pairs
+        if x.data_ptr() % 16 or x.stride(0) % 8:
+            x = x.clone(memory_format=torch.contiguous_format)
+        if out.data_ptr() % 4 or out.stride(0) % 2 or out.stride(1) != 1:
+            out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     dev, stream = _lib.stream_of(x)
     rc = getattr(lib, cfn)(
         dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),
@@ -477,12 +519,15 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
         bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0),
     )
     _lib.check(rc, cfn[5:])
+    if out is not target:
+        target.copy_(out)
     return None
 
 
 def _def_small_m(name: str, max_m: int):
     cfn = f"kbit_{name}"
-    doc = f"x [M <= {max_m}, K] @ W^T (+ bias) with W (n x kdim) in the tiled64 layout ({name} kernel)."
+    rows = "M" if max_m >= WGMMA_MAX_M else f"M <= {max_m}"
+    doc = f"x [{rows}, K] @ W^T (+ bias) with W (n x kdim) in the tiled64 layout ({name} kernel)."
 
     @torch.library.custom_op(f"kbit::{name}", mutates_args=())
     def op(x: Tensor, packed: Tensor, absmax: Tensor, codebook: Tensor, n: int, kdim: int,
@@ -522,5 +567,7 @@ def _def_small_m(name: str, max_m: int):
 
 gemv, gemv_out = _def_small_m("gemv", GEMV_MAX_M)
 mma, mma_out = _def_small_m("mma", MMA_MAX_M)
+wgmma, wgmma_out = _def_small_m("wgmma", WGMMA_MAX_M)
 
-__all__ += ["gemv", "gemv_out", "mma", "mma_out", "mma_supports", "mma_ksplit"]
+__all__ += ["gemv", "gemv_out", "mma", "mma_out", "mma_supports", "mma_ksplit",
+            "wgmma", "wgmma_out", "wgmma_supports"]

@@ -8,7 +8,7 @@ S="$PWD/scripts/profile_linear.py"
 cd /tmp
 python3 "$S" "$@" --timing | tee -a "$OUT/hotcold.txt"
 tag=$(echo "$@" | tr ' ' _)
-timeout 300 ncu --clock-control none -k regex:'mma_kernel|gemv_kernel|gemv|gemm' \
+timeout 300 ncu --clock-control none -k regex:'mma_kernel|wgmma_kernel|gemv_kernel|gemv|gemm' \
   "${NCU_SECTIONS[@]}" \
   python3 "$S" "$@" > "$OUT/ncu_$tag.txt" 2>&1
 echo "ncu rc=$?"

@@ -1,7 +1,7 @@
 """Small-M matmul kernels on one shape, for ncu and for a hot-vs-cold timing check.
 
 Usage: python scripts/profile_linear.py K N k M [--timing]
-Without --timing: one launch each of fp16 cuBLAS, gemv (M <= 4), mma (ncu -k regex:...).
+Without --timing: one launch each of fp16 cuBLAS, gemv (M <= 4), mma, wgmma (ncu -k regex:...).
 With --timing: µs per call, weights hot in L2 (one copy) vs cold (rotated), CUDA-graph replay.
 """
 import sys
@@ -23,6 +23,8 @@ if M <= ops.GEMV_MAX_M:
     kernels["gemv"] = ops.gemv_out
 if ops.mma_supports(M, K):
     kernels["mma"] = ops.mma_out
+if ops.wgmma_supports(M, K, N, k, "cuda"):
+    kernels["wgmma"] = ops.wgmma_out
 if not timing:
     for _ in range(2):
         torch.matmul(x, w.T, out=y)

@@ -1,12 +1,13 @@
 """The "linear" suite of `kbit bench`: per-M tables in the seeds' format.
 
 Rows (shape, k) over the dense shapes of DESIGN.md §4, columns per kernel (Scalar = the scalar
-GEMV for M <= 4; MMA = the tensor-core kernel for M <= 64; dq+cuBLAS = dequantize into a
-reused buffer, then cuBLAS), fp16 cuBLAS, Best (fastest kbit kernel), GB/s of Best (k-bit
-weight bytes / time), vs fp16 = fp16 / Best; a TOTAL row per k sums Best and fp16 over the
-dense shapes. The 8192x28672 weight ("big", K = 8192, N = 28672) is measured for M <= 64 and
-shown below the TOTAL, not in it. MoE rows are not measured yet (no grouped kernel). Every
-time is cold: weights rotated over enough copies to exceed L2 several times; CUDA-graph
+GEMV for M <= 4; MMA = the tensor-core kernel for M <= 64; WGMMA = the Hopper warpgroup-MMA
+GEMM (compute capability 9.0 only; experimental, not dispatched yet, so never Best); dq+cuBLAS =
+dequantize into a reused buffer, then cuBLAS), fp16 cuBLAS, Best (fastest dispatched kbit
+kernel), GB/s of Best (k-bit weight bytes / time), vs fp16 = fp16 / Best; a TOTAL row per k
+sums Best and fp16 over the dense shapes. The 8192x28672 weight ("big", K = 8192, N = 28672)
+is measured for M <= 64 and shown below the TOTAL, not in it. MoE rows are not measured yet
+(no grouped kernel). Every time is cold: weights rotated over enough copies to exceed L2 several times; CUDA-graph
 replay, median.
 """
 
@@ -25,7 +26,8 @@ DENSE = {"gateup": (2048, 5120), "down": (5120, 2048), "Q": (2048, 4096), "O": (
          "KV": (2048, 512)}
 EXTRA = {"big": (8192, 28672)}  # name: (K, N); not in TOTAL
 EXTRA_MAX_M = 64
-KERNELS = ["Scalar", "MMA", "dq+cuBLAS"]
+KERNELS = ["Scalar", "MMA", "WGMMA", "dq+cuBLAS"]
+EXPERIMENTAL = {"WGMMA"}  # measured and shown, but not dispatched by kbit.linear: never "Best"
 
 
 def _progress(msg: str) -> None:
@@ -97,6 +99,11 @@ def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks):
                 lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
                 nq, repeats=repeats)
             clk.append(sm_clock_mhz())
+        if ops.wgmma_supports(m, K, N, k, "cuda"):
+            row["WGMMA"] = graph_time_us(
+                lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
+                nq, repeats=repeats)
+            clk.append(sm_clock_mhz())
 
         def dq(i):
             ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", 0, wt.buf)
@@ -143,7 +150,7 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) ->
         print("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
 
         def line(name, k, row, f):
-            best = min(row, key=row.get)
+            best = min((c for c in row if c not in EXPERIMENTAL), key=row.get)
             cells = " | ".join(f"{row[c]:>9.1f}" if c in row else f"{'-':>9}" for c in KERNELS)
             gbps = weight_bytes[(name, k)] / row[best] / 1e3
             print(f"| {name:6} | {k} | {cells} | {f:>7.1f} | {best:>9} | {row[best]:>7.1f} "

@@ -1,0 +1,426 @@
+// wgmma: C[M, N] = x[M, K] @ W^T (+ bias[N]) on Hopper's warpgroup MMA (wgmma, sm_90a), W
+// k-bit in the tiled64 layout. For the M where mma.cu (weights decoded into mma.sync
+// registers, x staged whole, one token tile per 8 tokens per warp) runs out of warps.
+//
+// A tiled GEMM: a CTA owns BN weight rows (the wgmma N) and 64 * WG tokens (WG warpgroups of
+// 128 threads; warpgroup w takes tokens 64w .. 64w + 63, the wgmma M) and walks K one k-tile
+// (64 values) per step. Per step:
+// - cp.async copies the step's packed words and absmax of the CTA's rows (contiguous in
+//   tiled64) and its x tile into one of kStages shared stages (zero-filled past M, N and K);
+// - the CTA's threads decode the BN x 64 weight tile once into shared memory, one thread per
+//   8-value group (16 bytes = one row of a core matrix), as kbit.dequantize does: codebook
+//   value * block scale in fp32, rounded once to the activation dtype;
+// - every warpgroup multiplies its x tile by that tile with 4 wgmma.m64nBNk16, both operands
+//   from shared memory, K-major without swizzle: a core matrix (8 rows x 16 bytes) is 128
+//   contiguous bytes, core matrices adjacent in K lie 128 bytes apart (the descriptor's
+//   leading byte offset), adjacent in rows 1024 bytes apart (stride byte offset). Tile
+//   element (row r, k) sits at ((r / 8) * 8 + k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2.
+// The decode of step s + 1 runs while the wgmmas of step s are in flight (two weight tiles).
+// The per-tensor power of two multiplies the fp32 accumulator at the end (the 16-bit weights
+// cannot overflow: |codebook| <= 1 times a block scale that the format bounds; see
+// wgmma_supports in kbit/ops.py for the absmax formats taken).
+//
+// Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer clean) but 2-7x
+// slower than dequantize + cuBLAS on the model shapes, so kbit.linear does not dispatch to it
+// yet. ncu: instruction-bound, 360-470 instructions per warp per step (the dequantize-style
+// decode with ~18 shared loads per 8 values, per-chunk address math of the x copies) at 4-11
+// cycles each, one warpgroup per CTA for M <= 64, no split-K (KV: 16 CTAs). NOTES.md "v10" has
+// the figures and the plan (decode into wgmma A registers as mma.cu does, x staged once).
+//
+// Preconditions (the launcher returns cudaErrorInvalidValue otherwise; kbit/ops.py checks them
+// before choosing this kernel): N % 8 == 0, K % 8 == 0, x and packed and absmax 16-byte
+// aligned, ldx % 8 == 0, out 4-byte aligned with ldo even.
+#include "common.cuh"
+
+// The wgmma instructions exist only in sm_90a code; other targets trap (the launcher only runs
+// the kernel on a compute capability 9.0 device whose kernel binary is sm_90: wgmma_capable).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KBIT_WGMMA_ASM(...) asm volatile(__VA_ARGS__)
+#elif defined(__CUDA_ARCH__)
+#define KBIT_WGMMA_ASM(...) __trap()
+#else
+#define KBIT_WGMMA_ASM(...)
+#endif
+
+namespace kbit {
+namespace {
+
+constexpr int kStepK = 64;                         // k values per step: one tiled64 k-tile
+constexpr int kStages = 4;                         // cp.async stages (steps in flight)
+constexpr int kTokTile = 64;                       // tokens per warpgroup (the wgmma M)
+constexpr int kXTileBytes = kTokTile * kStepK * 2; // one warpgroup's x tile
+
+template <int BN> constexpr int kWTileBytes = BN * kStepK * 2;
+
+// Dynamic shared memory: 2 decoded weight tiles, kStages stages (x tiles of the CTA's
+// warpgroups, packed words, absmax with room for fp32), codebook + spread table.
+template <int K_BITS, int BN, int WG>
+struct Layout {
+  static constexpr int x_bytes = WG * kXTileBytes;
+  static constexpr int packed_bytes = BN * 2 * K_BITS * 4;  // a multiple of 128 (BN >= 32)
+  static constexpr int absmax_bytes = BN * 2 * 4;
+  static constexpr int stage_bytes = x_bytes + packed_bytes + absmax_bytes;
+  static constexpr int stage0 = 2 * kWTileBytes<BN>;
+  static constexpr int tables = stage0 + kStages * stage_bytes;
+  static constexpr int total = tables + 32 * 4 + 16 * 4;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous copy global -> shared; src_bytes < 16 zero-fills the rest (0: all).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// Makes this thread's generic-proxy shared writes (stores, completed cp.async) visible to the
+// async proxy (wgmma operand reads) after the next barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+  KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { KBIT_WGMMA_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { KBIT_WGMMA_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  KBIT_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor: K-major, no swizzle, LBO 128 bytes (K), SBO 1024 (rows).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(1024 >> 4) << 32);
+}
+
+#define KBIT_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                     "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// D[64 tokens, BN] += A[64 tokens, 16 k] * B[BN rows, 16 k]^T (A = x, B = decoded W).
+template <typename T, int BN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+  constexpr bool kHalf = std::is_same<T, __half>::value;
+  if constexpr (BN == 64) {
+    if constexpr (kHalf)
+      KBIT_WGMMA_ASM(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+          "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}"
+          : KBIT_ACC8(0), KBIT_ACC8(8), KBIT_ACC8(16), KBIT_ACC8(24)
+          : "l"(da), "l"(db), "r"(1));
+    else
+      KBIT_WGMMA_ASM(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+          "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}"
+          : KBIT_ACC8(0), KBIT_ACC8(8), KBIT_ACC8(16), KBIT_ACC8(24)
+          : "l"(da), "l"(db), "r"(1));
+  } else {
+    static_assert(BN == 32, "BN is 32 or 64");
+    if constexpr (kHalf)
+      KBIT_WGMMA_ASM(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}"
+          : KBIT_ACC8(0), KBIT_ACC8(8)
+          : "l"(da), "l"(db), "r"(1));
+    else
+      KBIT_WGMMA_ASM(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}"
+          : KBIT_ACC8(0), KBIT_ACC8(8)
+          : "l"(da), "l"(db), "r"(1));
+  }
+}
+#undef KBIT_ACC8
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <typename T, int K_BITS, int BN, int WG>
+__global__ void __launch_bounds__(WG * 128) wgmma_kernel(
+    const T* __restrict__ x, int M, int64_t ldx, const int32_t* __restrict__ packed,
+    const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K,
+    float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
+  using L = Layout<K_BITS, BN, WG>;
+  constexpr int kThreads = WG * 128;
+  constexpr int kGroups = BN * 8 / kThreads;  // 8-value groups a thread decodes per step
+  static_assert(kGroups >= 1 && BN * 8 % kThreads == 0, "BN x 64 tile must split evenly");
+  extern __shared__ __align__(128) char smem[];
+  const int tid = threadIdx.x;
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * (kTokTile * WG);
+  const int KT = (K + kStepK - 1) / kStepK;
+  const int esize = fmt == KBIT_ABSMAX_E4M4 ? 1 : fmt == KBIT_ABSMAX_F16 ? 2 : 4;
+
+  // Codebook and spread table (spread[v]: bit j of the 4-bit v at bit 8j + 2, so OR-ing
+  // spread[nibble of plane b] << b gives 4 * index of element j in byte j; kbit/dequantize).
+  float* cb = reinterpret_cast<float*>(smem + L::tables);
+  uint32_t* spread = reinterpret_cast<uint32_t*>(smem + L::tables + 128);
+  if (tid < (1 << K_BITS)) cb[tid] = codebook[tid];
+  if (tid < 16) {
+    uint32_t s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) s |= ((uint32_t(tid) >> j) & 1u) << (8 * j + 2);
+    spread[tid] = s;
+  }
+  const char* cb_bytes = reinterpret_cast<const char*>(cb);
+
+  const int rows = min(BN, N - n0);  // a multiple of 8 (N % 8 == 0)
+  auto issue = [&](int s) {  // copies of step s into stage s % kStages; always one group
+    if (s < KT) {
+      const uint32_t st = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes);
+      for (int c = tid; c < WG * kTokTile * 8; c += kThreads) {
+        const int t = c >> 3, kc = c & 7, tok = m0 + t, kk = s * kStepK + kc * 8;
+        const bool ok = tok < M && kk < K;
+        cp_async16(st + (((t >> 3) * 8 + kc) << 7) + ((t & 7) << 4), ok ? x + int64_t(tok) * ldx + kk : x,
+                   ok ? 16u : 0u);
+      }
+      const int64_t tile = int64_t(s) * N + n0;  // first block pair of the stage
+      const char* psrc = reinterpret_cast<const char*>(packed + tile * 2 * K_BITS);
+      const int pbytes = rows * 8 * K_BITS;
+      for (int c = tid; c < L::packed_bytes / 16; c += kThreads) {
+        const bool ok = c * 16 < pbytes;
+        cp_async16(st + L::x_bytes + c * 16, ok ? psrc + c * 16 : static_cast<const void*>(packed), ok ? 16u : 0u);
+      }
+      const char* asrc = static_cast<const char*>(absmax) + tile * 2 * esize;
+      const int abytes = rows * 2 * esize;
+      for (int c = tid; c < BN * 2 * esize / 16; c += kThreads) {
+        const bool ok = c * 16 < abytes;
+        cp_async16(st + L::x_bytes + L::packed_bytes + c * 16, ok ? asrc + c * 16 : absmax, ok ? 16u : 0u);
+      }
+    }
+    cp_async_commit();
+  };
+
+  auto decode = [&](int s) {  // weight tile of step s (stage s % kStages) -> tile s & 1
+    const char* st = smem + L::stage0 + (s % kStages) * L::stage_bytes;
+    const char* pw = st + L::x_bytes;
+    const char* pa = pw + L::packed_bytes;
+    char* wt = smem + (s & 1) * kWTileBytes<BN>;
+#pragma unroll
+    for (int j = 0; j < kGroups; j++) {
+      // group i: row r = (i % 8) + 8 (i / 64), 8-value column kc = (i / 8) % 8; its core-matrix
+      // row lies at byte 16 i, so a warp's 16-byte stores cover 512 contiguous bytes.
+      const int i = tid + j * kThreads;
+      const int r = (i & 7) | ((i >> 6) << 3), kc = (i >> 3) & 7;
+      const int blk = r * 2 + (kc >> 2), q = kc & 3;
+      uint32_t w[K_BITS];
+      if constexpr (K_BITS == 4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(pw + blk * 16);
+        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+      } else if constexpr (K_BITS == 2) {
+        const uint2 v = *reinterpret_cast<const uint2*>(pw + blk * 8);
+        w[0] = v.x; w[1] = v.y;
+      } else {
+#pragma unroll
+        for (int b = 0; b < K_BITS; b++) w[b] = reinterpret_cast<const uint32_t*>(pw)[blk * K_BITS + b];
+      }
+      float scale;
+      if (fmt == KBIT_ABSMAX_E4M4) scale = e4m4_decode(reinterpret_cast<const uint8_t*>(pa)[blk]);
+      else if (fmt == KBIT_ABSMAX_F16) scale = __half2float(reinterpret_cast<const __half*>(pa)[blk]);
+      else scale = reinterpret_cast<const float*>(pa)[blk];
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int b = 0; b < K_BITS; b++) {
+        const uint32_t byte = w[b] >> (8 * q);
+        lo |= spread[byte & 15u] << b;
+        hi |= spread[(byte >> 4) & 15u] << b;
+      }
+      uint4 v;
+      uint32_t* vv = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const uint32_t offs = e ? hi : lo;
+        const float a = *reinterpret_cast<const float*>(cb_bytes + (offs & 0xffu));
+        const float b = *reinterpret_cast<const float*>(cb_bytes + ((offs >> 8) & 0xffu));
+        const float c = *reinterpret_cast<const float*>(cb_bytes + ((offs >> 16) & 0xffu));
+        const float d = *reinterpret_cast<const float*>(cb_bytes + (offs >> 24));
+        vv[2 * e] = pack2<T>(a * scale, b * scale);
+        vv[2 * e + 1] = pack2<T>(c * scale, d * scale);
+      }
+      *reinterpret_cast<uint4*>(wt + i * 16) = v;
+    }
+  };
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+  const int wg = tid >> 7;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; s++) issue(s);
+  cp_async_wait<kStages - 2>();  // step 0 (this thread's copies)
+  __syncthreads();               // everyone's copies of step 0, the tables
+  decode(0);
+  fence_proxy_async();
+  __syncthreads();
+
+  for (int s = 0; s < KT; s++) {
+    const uint32_t xa = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes) + wg * kXTileBytes;
+    const uint32_t wb = smem_u32(smem) + (s & 1) * kWTileBytes<BN>;
+    fence_regs(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kStepK / 16; kk++) wgmma_tile<T, BN>(acc, smem_desc(xa + kk * 256), smem_desc(wb + kk * 256));
+    wgmma_commit();
+    fence_regs(acc);
+    if (s + 1 < KT) {
+      wgmma_wait<1>();               // this warpgroup's MMAs of step s - 1 are done
+      cp_async_wait<kStages - 3>();  // this thread's copies of step s + 1 landed
+      fence_proxy_async();
+      __syncthreads();               // all MMAs of s - 1 done, all copies of s + 1 visible
+      issue(s + kStages - 1);        // into the stage of step s - 1
+      decode(s + 1);                 // into the tile of step s - 1
+      fence_proxy_async();
+      __syncthreads();
+    }
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+
+  // Accumulator fragment (per warp of the warpgroup: 16 tokens): acc[4i + 2h + e] is token
+  // 16 * warp + g + 8h, weight row 8i + 2c + e (g = lane / 4, c = lane % 4).
+  const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int i = 0; i < BN / 8; i++) {
+    const int n = n0 + 8 * i + 2 * c;
+    if (n >= N) continue;
+    float b0 = 0.f, b1 = 0.f;
+    if (bias != nullptr) {
+      b0 = to_float(bias[n]);
+      b1 = to_float(bias[n + 1]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int tok = m0 + wg * kTokTile + warp * 16 + g + 8 * h;
+      if (tok < M)
+        *reinterpret_cast<uint32_t*>(out + int64_t(tok) * ldo + n) =
+            pack2<T>(acc[4 * i + 2 * h] * shift_up + b0, acc[4 * i + 2 * h + 1] * shift_up + b1);
+    }
+  }
+}
+
+// Configuration forced by kbit_wgmma_force_config (tests, sweeps): BN (32, 64) and WG (1, 2,
+// 4); 0 = automatic.
+int& forced_bn() { static int v = 0; return v; }
+int& forced_wg() { static int v = 0; return v; }
+
+// True when `device` is compute capability 9.0 and the kernels' binary for it is sm_90 code
+// (the build makes Hopper sm_90a; CMakeLists.txt), so the wgmma instructions exist.
+bool wgmma_capable(int device) {
+  static signed char known[64] = {};  // 0 unknown, 1 yes, -1 no
+  if (device < 0 || device >= 64) return false;
+  if (known[device] == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    cudaFuncAttributes attr;
+    const bool ok = major == 9 && minor == 0 &&
+                    cudaFuncGetAttributes(&attr, wgmma_kernel<__half, 4, 64, 1>) == cudaSuccess &&
+                    attr.binaryVersion == 90;
+    known[device] = ok ? 1 : -1;
+  }
+  return known[device] == 1;
+}
+
+// (BN, WG) of a call: WG warpgroups cover up to 64 * WG tokens per CTA; BN = 32 when BN = 64
+// leaves more than a third of the SMs idle.
+void choose(int device, int64_t M, int64_t N, int& bn, int& wg) {
+  wg = M <= 64 ? 1 : M <= 128 ? 2 : 4;
+  if (forced_wg() != 0) wg = forced_wg();
+  const int64_t mtiles = ceil_div(M, 64 * wg);
+  bn = (wg < 4 && ceil_div(N, 64) * mtiles * 3 < int64_t(device_info(device).sms) * 2) ? 32 : 64;
+  if (forced_bn() != 0) bn = forced_bn();
+  if (bn == 32 && wg == 4) wg = 2;  // BN = 32 x 64 groups do not split over 512 threads
+}
+
+template <typename T, int K_BITS, int BN, int WG>
+cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M, int64_t ldx,
+                       const int32_t* packed, const void* absmax, int fmt, const float* codebook,
+                       int64_t N, int64_t K, int exponent, const void* bias, void* out, int64_t ldo) {
+  constexpr auto kernel = wgmma_kernel<T, K_BITS, BN, WG>;
+  constexpr int smem = Layout<K_BITS, BN, WG>::total;
+  static cudaError_t attr_err[64];
+  static bool attr_done[64] = {};
+  if (!attr_done[device]) {
+    attr_err[device] = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    attr_done[device] = true;
+  }
+  if (attr_err[device] != cudaSuccess) return attr_err[device];
+  const dim3 grid(unsigned(ceil_div(N, BN)), unsigned(ceil_div(M, kTokTile * WG)));
+  kernel<<<grid, WG * 128, smem, stream>>>(
+      static_cast<const T*>(x), int(M), ldx, packed, absmax, fmt, codebook, int(N), int(K),
+      ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo);
+  return cudaGetLastError();
+}
+
+template <typename T, int K_BITS>
+cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, int64_t ldx,
+                        const int32_t* p, const void* a, int fmt, const float* cb, int64_t N,
+                        int64_t K, int e, const void* bias, void* out, int64_t ldo) {
+  int bn, wg;
+  choose(device, M, N, bn, wg);
+#define KBIT_WG_CASE(BN_, WG_)                                                                    \
+  if (bn == BN_ && wg == WG_)                                                                     \
+    return launch_cfg<T, K_BITS, BN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+  KBIT_WG_CASE(32, 1) KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(64, 4)
+#undef KBIT_WG_CASE
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+}  // namespace kbit
+
+extern "C" int kbit_wgmma_available(int device) { return kbit::wgmma_capable(device) ? 1 : 0; }
+
+extern "C" void kbit_wgmma_force_config(int bn, int wg) {
+  kbit::forced_bn() = bn;
+  kbit::forced_wg() = wg;
+}
+
+extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
+                          const int32_t* packed, const void* absmax, int absmax_format,
+                          const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
+                          const void* bias, void* out, int64_t ldo) {
+  using namespace kbit;
+  DeviceGuard guard(device);
+  if (guard.err != cudaSuccess) return guard.err;
+  if (M == 0 || N == 0) return cudaSuccess;
+  if (!wgmma_capable(device)) return cudaErrorNotSupported;
+  const auto misaligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; };
+  if (N % 8 || K % 8 || ldx % 8 || ldo % 2 || N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31) ||
+      M >= (int64_t(1) << 31) || misaligned(x, 16) || misaligned(packed, 16) || misaligned(absmax, 16) ||
+      misaligned(out, 4) || absmax_format < 0 || absmax_format > 2)
+    return cudaErrorInvalidValue;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  auto by_k = [&](auto t) -> cudaError_t {
+    using T = decltype(t);
+    switch (k) {
+      case 2: return launch_bits<T, 2>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+      case 3: return launch_bits<T, 3>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+      case 4: return launch_bits<T, 4>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+      case 5: return launch_bits<T, 5>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+    }
+    return cudaErrorInvalidValue;
+  };
+  switch (dtype) {
+    case KBIT_F16: return by_k(__half());
+    case KBIT_BF16: return by_k(__nv_bfloat16());
+  }
+  return cudaErrorInvalidValue;
+}

@@ -1,0 +1,123 @@
+"""kbit::wgmma (csrc/wgmma.cu, Hopper's warpgroup MMA) against the reference: W dequantized in
+float32, product in float64. Same bounds as tests/test_linear.py (why: see there): the kernel
+rounds each decoded weight once to the activation dtype, as kbit.dequantize does, and
+accumulates in float32. Outputs are NaN-poisoned before every call."""
+
+import pytest
+import torch
+
+import kbit
+from kbit import ops
+from kbit import reference as ref
+
+from conftest import GPU, random_weight
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+WGMMA = GPU and ops.wgmma_supports(1, 64, 64, 4, "cuda")
+needs_wgmma = pytest.mark.skipif(not WGMMA, reason="needs a compute capability 9.0 GPU (sm_90a build)")
+# (N, K): model-like, K with a half k-tile at the end (odd block count), tiny K, N not a
+# multiple of the CTA's 32 / 64 rows
+SHAPES = [(512, 2048), (200, 4128), (64, 40), (136, 5120), (8, 96)]
+MS = (1, 2, 15, 16, 17, 33, 64, 65, 100, 128, 129, 256, 300)
+CONFIGS = [(32, 1), (32, 2), (64, 1), (64, 2), (64, 4)]
+
+
+def _rel_err(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def _weight(q):
+    return ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                          q.absmax_exponent, torch.float32)
+
+
+def _run(q, x, bias=None):
+    n, kdim = q.shape
+    out = torch.full((x.shape[0], n), float("nan"), dtype=x.dtype, device=x.device)
+    ops.wgmma_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
+    return out
+
+
+@needs_wgmma
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_wgmma_shapes_and_m(k, dtype, rng):
+    for n, kdim in SHAPES:
+        q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
+        w = _weight(q)
+        for m in MS:
+            x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
+            err = _rel_err(_run(q, x).cpu(), ref.linear(x.cpu(), w, None))
+            assert err <= TOL[dtype], (n, kdim, m, err)
+
+
+@needs_wgmma
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_wgmma_every_cta_shape(k, rng):
+    """Every (weight rows, warpgroups) per CTA the launcher can pick, forced, with a bias."""
+    n, kdim = 200, 4128
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
+    w = _weight(q)
+    try:
+        for i, (bn, wg) in enumerate(CONFIGS):
+            ops.force_wgmma_config(bn, wg)
+            dtype = (torch.float16, torch.bfloat16)[i % 2]
+            bias = torch.randn(n, generator=rng).to(dtype).cuda()
+            for m in (1, 70, 257):
+                x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
+                err = _rel_err(_run(q, x, bias).cpu(), ref.linear(x.cpu(), w, bias.cpu()))
+                assert err <= TOL[dtype], (bn, wg, m, err)
+    finally:
+        ops.force_wgmma_config(0, 0)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if WGMMA else []))
+@pytest.mark.parametrize("absmax_format", ["e4m4", "fp16", "fp32"])
+def test_wgmma_absmax_formats_exponent_bias(device, absmax_format, rng):
+    # weights ~1e-7 and ~1e3: per-tensor exponents far from 0 for E4M4
+    for scale in (1e-7, 1e3):
+        w = random_weight(72, 320, gen=rng, device=device, spread=1.0) * scale
+        q = kbit.repack(kbit.quantize(w, k=4, absmax_format=absmax_format))
+        bias = torch.randn(72, generator=rng).to(torch.bfloat16).to(device) * scale
+        for m in (1, 13, 80):
+            x = torch.randn(m, 320, generator=rng).to(torch.bfloat16).to(device)
+            got = ops.wgmma(x, q.packed, q.absmax, q.codebook, 72, 320, q.absmax_exponent, bias)
+            err = _rel_err(got.cpu(), ref.linear(x.cpu(), _weight(q), bias.cpu()))
+            assert err <= TOL[torch.bfloat16], (absmax_format, scale, m, err)
+
+
+@needs_wgmma
+def test_wgmma_unaligned_and_strided(rng):
+    """x with a row stride > K or starting 2 bytes past an allocation, out starting 2 bytes past
+    one: the op copies where the kernel's alignment rules need it."""
+    n, kdim = 64, 256
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=3))
+    w = _weight(q)
+    base = torch.randn(40, kdim + 9, generator=rng).to(torch.float16).cuda()
+    for x in (base[:, :kdim], base[:, 1:kdim + 1], base.flatten()[1:1 + 40 * kdim].view(40, kdim)):
+        flat = torch.full((40 * n + 2,), float("nan"), dtype=torch.float16, device="cuda")
+        out = flat[1:1 + 40 * n].view(40, n)
+        ops.wgmma_out(x, q.packed, q.absmax, q.codebook, n, kdim, 0, None, out)
+        assert _rel_err(out.cpu(), ref.linear(x.cpu(), w, None)) <= TOL[torch.float16]
+        assert flat[0].isnan() and flat[-1].isnan()
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if WGMMA else []))
+def test_wgmma_refuses_and_empty(device, rng):
+    q = kbit.repack(kbit.quantize(random_weight(20, 64, gen=rng, device=device), k=2))
+    x = torch.randn(3, 64, generator=rng).to(torch.float16).to(device)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        ops.wgmma(x, q.packed, q.absmax, q.codebook, 20, 64, 0)
+    q = kbit.repack(kbit.quantize(random_weight(24, 64, gen=rng, device=device), k=2))
+    assert ops.wgmma(x[:0], q.packed, q.absmax, q.codebook, 24, 64, 0).shape == (0, 24)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if WGMMA else []))
+def test_wgmma_opcheck(device, rng):
+    q = kbit.repack(kbit.quantize(random_weight(24, 96, gen=rng, device=device), k=5))
+    x = torch.randn(70, 96, generator=rng).to(torch.float16).to(device)
+    bias = torch.randn(24, generator=rng).to(torch.float16).to(device)
+    for b in (None, bias):
+        torch.library.opcheck(ops.wgmma, (x, q.packed, q.absmax, q.codebook, 24, 96, 0, b))
+    out = torch.empty(70, 24, dtype=torch.float16, device=device)
+    torch.library.opcheck(ops.wgmma_out, (x, q.packed, q.absmax, q.codebook, 24, 96, 0, bias, out))
