@@ -20,12 +20,11 @@
 // cannot overflow: |codebook| <= 1 times a block scale that the format bounds; see
 // wgmma_supports in kbit/ops.py for the absmax formats taken).
 //
-// Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer clean) but 2-7x
+// Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer clean) but 1.5-7x
 // slower than dequantize + cuBLAS on the model shapes, so kbit.linear does not dispatch to it
-// yet. ncu: instruction-bound, 360-470 instructions per warp per step (the dequantize-style
-// decode with ~18 shared loads per 8 values, per-chunk address math of the x copies) at 4-11
-// cycles each, one warpgroup per CTA for M <= 64, no split-K (KV: 16 CTAs). NOTES.md "v10" has
-// the figures and the plan (decode into wgmma A registers as mma.cu does, x staged once).
+// yet. Timing probes show the MMAs cost nothing measurable and the decode 10-30%; a step's
+// skeleton (copies, waits, two barriers) takes 0.4-1.7 us for reasons not found yet; no
+// split-K (KV: 16 CTAs). NOTES.md "v10" has the figures and the plan.
 //
 // Preconditions (the launcher returns cudaErrorInvalidValue otherwise; kbit/ops.py checks them
 // before choosing this kernel): N % 8 == 0, K % 8 == 0, x and packed and absmax 16-byte
@@ -45,8 +44,18 @@
 namespace kbit {
 namespace {
 
+// Timing probes for experiments only (wrong results): KBIT_WG_PROBE bit 0 skips the decode,
+// bit 1 the wgmmas, bit 2 the proxy fences (scripts/build_variant.sh -DKBIT_WG_PROBE=...).
+#ifndef KBIT_WG_PROBE
+#define KBIT_WG_PROBE 0
+#endif
+
 constexpr int kStepK = 64;                         // k values per step: one tiled64 k-tile
-constexpr int kStages = 4;                         // cp.async stages (steps in flight)
+// cp.async stages (steps in flight): 8, 4 with 4 warpgroups (shared memory)
+#ifndef KBIT_WG_STAGES
+#define KBIT_WG_STAGES 4  // 8 and 12 measured no faster (NOTES.md v10)
+#endif
+template <int WG> constexpr int kStagesOf = WG == 4 ? 4 : KBIT_WG_STAGES;
 constexpr int kTokTile = 64;                       // tokens per warpgroup (the wgmma M)
 constexpr int kXTileBytes = kTokTile * kStepK * 2; // one warpgroup's x tile
 
@@ -61,7 +70,7 @@ struct Layout {
   static constexpr int absmax_bytes = BN * 2 * 4;
   static constexpr int stage_bytes = x_bytes + packed_bytes + absmax_bytes;
   static constexpr int stage0 = 2 * kWTileBytes<BN>;
-  static constexpr int tables = stage0 + kStages * stage_bytes;
+  static constexpr int tables = stage0 + kStagesOf<WG> * stage_bytes;
   static constexpr int total = tables + 32 * 4 + 16 * 4;
 };
 
@@ -82,7 +91,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // Makes this thread's generic-proxy shared writes (stores, completed cp.async) visible to the
 // async proxy (wgmma operand reads) after the next barrier.
 __device__ __forceinline__ void fence_proxy_async() {
-  KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
+  if (!(KBIT_WG_PROBE & 4)) KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
 __device__ __forceinline__ void wgmma_fence() { KBIT_WGMMA_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { KBIT_WGMMA_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -159,6 +168,7 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
     float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   using L = Layout<K_BITS, BN, WG>;
   constexpr int kThreads = WG * 128;
+  constexpr int kStages = kStagesOf<WG>;
   constexpr int kGroups = BN * 8 / kThreads;  // 8-value groups a thread decodes per step
   static_assert(kGroups >= 1 && BN * 8 % kThreads == 0, "BN x 64 tile must split evenly");
   extern __shared__ __align__(128) char smem[];
@@ -181,33 +191,56 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
 
   const int rows = min(BN, N - n0);  // a multiple of 8 (N % 8 == 0)
+  // x copies: chunk c = tid + j * kThreads (j < 4) of a stage lands at byte 16 c: token row
+  // t = 8 (c / 64) + c % 8, 16-byte column kc = (c / 8) % 8 (fixed per thread), so the 8 lanes
+  // of a quarter warp fill one core matrix (conflict-free; with t = c / 8 they hit the same 4
+  // banks 8 times: ncu counted 57% excess shared wavefronts). Rows past M are zeroed once in
+  // every stage and never copied; source pointers and shared offsets are computed once.
+  constexpr int kXChunks = kTokTile * 8 * WG / kThreads;  // 4
+  const int valid_rows = min(kTokTile * WG, M - m0);
+  const int kc = (tid >> 3) & 7;
+  const T* xsrc[kXChunks];
+  uint32_t xdst[kXChunks];
+#pragma unroll
+  for (int j = 0; j < kXChunks; j++) {
+    const int c = tid + j * kThreads, t = ((c >> 6) << 3) | (c & 7);
+    xsrc[j] = t < valid_rows ? x + int64_t(m0 + t) * ldx + kc * 8 : nullptr;
+    xdst[j] = c << 4;
+    if (t >= valid_rows) {
+#pragma unroll
+      for (int st = 0; st < kStages; st++)
+        *reinterpret_cast<uint4*>(smem + L::stage0 + st * L::stage_bytes + xdst[j]) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  // packed copies: chunk tid + j * kThreads (up to 2 per thread); absmax: at most one.
+  constexpr int kPChunks = (L::packed_bytes / 16 + kThreads - 1) / kThreads;
+  const bool a_copy = tid < BN * 2 * esize / 16, a_ok = tid * 16 < rows * 2 * esize;
+  const char* psrc = reinterpret_cast<const char*>(packed + int64_t(n0) * 2 * K_BITS) + tid * 16;
+  const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize + tid * 16;
+  const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
   auto issue = [&](int s) {  // copies of step s into stage s % kStages; always one group
     if (s < KT) {
       const uint32_t st = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes);
-      for (int c = tid; c < WG * kTokTile * 8; c += kThreads) {
-        const int t = c >> 3, kc = c & 7, tok = m0 + t, kk = s * kStepK + kc * 8;
-        const bool ok = tok < M && kk < K;
-        cp_async16(st + (((t >> 3) * 8 + kc) << 7) + ((t & 7) << 4), ok ? x + int64_t(tok) * ldx + kk : x,
-                   ok ? 16u : 0u);
+      const uint32_t x_bytes = s * kStepK + kc * 8 < K ? 16u : 0u;  // K % 8 == 0: whole chunks
+#pragma unroll
+      for (int j = 0; j < kXChunks; j++)
+        if (xsrc[j] != nullptr) cp_async16(st + xdst[j], x_bytes ? xsrc[j] + s * kStepK : x, x_bytes);
+#pragma unroll
+      for (int j = 0; j < kPChunks; j++) {
+        const int c = tid + j * kThreads;
+        const bool ok = c * 16 < rows * 8 * K_BITS;
+        if (c < L::packed_bytes / 16)
+          cp_async16(st + L::x_bytes + c * 16, ok ? psrc + j * kThreads * 16 + s * p_step : static_cast<const void*>(packed),
+                     ok ? 16u : 0u);
       }
-      const int64_t tile = int64_t(s) * N + n0;  // first block pair of the stage
-      const char* psrc = reinterpret_cast<const char*>(packed + tile * 2 * K_BITS);
-      const int pbytes = rows * 8 * K_BITS;
-      for (int c = tid; c < L::packed_bytes / 16; c += kThreads) {
-        const bool ok = c * 16 < pbytes;
-        cp_async16(st + L::x_bytes + c * 16, ok ? psrc + c * 16 : static_cast<const void*>(packed), ok ? 16u : 0u);
-      }
-      const char* asrc = static_cast<const char*>(absmax) + tile * 2 * esize;
-      const int abytes = rows * 2 * esize;
-      for (int c = tid; c < BN * 2 * esize / 16; c += kThreads) {
-        const bool ok = c * 16 < abytes;
-        cp_async16(st + L::x_bytes + L::packed_bytes + c * 16, ok ? asrc + c * 16 : absmax, ok ? 16u : 0u);
-      }
+      if (a_copy)
+        cp_async16(st + L::x_bytes + L::packed_bytes + tid * 16, a_ok ? asrc + s * a_step : absmax, a_ok ? 16u : 0u);
     }
     cp_async_commit();
   };
 
   auto decode = [&](int s) {  // weight tile of step s (stage s % kStages) -> tile s & 1
+    if (KBIT_WG_PROBE & 1) return;
     const char* st = smem + L::stage0 + (s % kStages) * L::stage_bytes;
     const char* pw = st + L::x_bytes;
     const char* pa = pw + L::packed_bytes;
@@ -276,7 +309,8 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
     fence_regs(acc);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kStepK / 16; kk++) wgmma_tile<T, BN>(acc, smem_desc(xa + kk * 256), smem_desc(wb + kk * 256));
+    for (int kk = 0; kk < kStepK / 16; kk++)
+      if (!(KBIT_WG_PROBE & 2)) wgmma_tile<T, BN>(acc, smem_desc(xa + kk * 256), smem_desc(wb + kk * 256));
     wgmma_commit();
     fence_regs(acc);
     if (s + 1 < KT) {

@@ -1,0 +1,44 @@
+"""kbit::wgmma per forced CTA shape (weight rows BN x warpgroups WG) against dequantize + cuBLAS
+and fp16 cuBLAS, cold, CUDA-graph timed (device machine).
+Usage: python scripts/wgmma_sweep.py [k] [M,M,...]"""
+import sys
+
+import torch
+
+import kbit
+from kbit import ops
+from kbit.bench.linear_suite import DENSE
+from kbit.bench.timing import copies_for_cold, graph_time_us
+
+k = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+ms = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "16,64,256").split(",")]
+configs = [(0, 0), (32, 1), (32, 2), (64, 1), (64, 2), (64, 4)]
+print("us per call (cold, graph); config = (BN, WG), (0, 0) = automatic")
+print(f"{'shape':7} {'M':>5} {'fp16':>7} {'dq+cuB':>7} " + " ".join(f"{str(c):>9}" for c in configs))
+for name in ("gateup", "down", "KV"):
+    K, N = DENSE[name]
+    w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
+    q = kbit.repack(kbit.quantize(w, k=k))
+    packs = [(q.packed.clone(), q.absmax.clone()) for _ in range(copies_for_cold(q.packed.numel() * 4))]
+    ws = [w.clone() for _ in range(copies_for_cold(N * K * 2))]
+    buf = torch.empty(N, K, dtype=torch.float16, device="cuda")
+    for m in ms:
+        x = torch.randn(m, K, dtype=torch.float16, device="cuda")
+        y = torch.empty(m, N, dtype=torch.float16, device="cuda")
+        f16 = graph_time_us(lambda i: torch.matmul(x, ws[i].T, out=y), len(ws))
+
+        def dq(i):
+            ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", 0, buf)
+            torch.matmul(x, buf.T, out=y)
+
+        t_dq = graph_time_us(dq, len(packs))
+        cells = []
+        for bn, wg in configs:
+            ops.force_wgmma_config(bn, wg)
+            try:
+                cells.append(graph_time_us(
+                    lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y), len(packs)))
+            except RuntimeError:  # e.g. a variant build whose shared memory does not fit
+                cells.append(float("nan"))
+        ops.force_wgmma_config(0, 0)
+        print(f"{name:7} {m:>5} {f16:>7.1f} {t_dq:>7.1f} " + " ".join(f"{c:>9.1f}" for c in cells))
