@@ -22,9 +22,10 @@
 //
 // Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer clean) but 1.5-7x
 // slower than dequantize + cuBLAS on the model shapes, so kbit.linear does not dispatch to it
-// yet. Timing probes show the MMAs cost nothing measurable and the decode 10-30%; a step's
-// skeleton (copies, waits, two barriers) takes 0.4-1.7 us for reasons not found yet; no
-// split-K (KV: 16 CTAs). NOTES.md "v10" has the figures and the plan.
+// yet. scripts/wgmma_timeline.cu: issuing a step's cp.async copies takes 30% (KV, M = 16) to
+// 62% (gateup, M = 256) of the step (the per-thread LDGSTS path moves ~17 bytes per cycle per
+// SM; TMA tensor copies of the x tile are the next step), the decode 15-45%, the MMAs nothing
+// measurable; no split-K (KV: 16 CTAs). NOTES.md "v10" has the figures and the plan.
 //
 // Preconditions (the launcher returns cudaErrorInvalidValue otherwise; kbit/ops.py checks them
 // before choosing this kernel): N % 8 == 0, K % 8 == 0, x and packed and absmax 16-byte
@@ -48,6 +49,10 @@ namespace {
 // bit 1 the wgmmas, bit 2 the proxy fences (scripts/build_variant.sh -DKBIT_WG_PROBE=...).
 #ifndef KBIT_WG_PROBE
 #define KBIT_WG_PROBE 0
+#endif
+// Timeline hook for scripts/wgmma_timeline.cu (empty in the library): point p of step s.
+#ifndef KBIT_WG_MARK
+#define KBIT_WG_MARK(s, p)
 #endif
 
 constexpr int kStepK = 64;                         // k values per step: one tiled64 k-tile
@@ -304,6 +309,7 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
   __syncthreads();
 
   for (int s = 0; s < KT; s++) {
+    KBIT_WG_MARK(s, 0);
     const uint32_t xa = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes) + wg * kXTileBytes;
     const uint32_t wb = smem_u32(smem) + (s & 1) * kWTileBytes<BN>;
     fence_regs(acc);
@@ -315,13 +321,19 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
     fence_regs(acc);
     if (s + 1 < KT) {
       wgmma_wait<1>();               // this warpgroup's MMAs of step s - 1 are done
+      KBIT_WG_MARK(s, 1);
       cp_async_wait<kStages - 3>();  // this thread's copies of step s + 1 landed
+      KBIT_WG_MARK(s, 2);
       fence_proxy_async();
       __syncthreads();               // all MMAs of s - 1 done, all copies of s + 1 visible
+      KBIT_WG_MARK(s, 3);
       issue(s + kStages - 1);        // into the stage of step s - 1
+      KBIT_WG_MARK(s, 4);
       decode(s + 1);                 // into the tile of step s - 1
+      KBIT_WG_MARK(s, 5);
       fence_proxy_async();
       __syncthreads();
+      KBIT_WG_MARK(s, 6);
     }
   }
   wgmma_wait<0>();

@@ -1,0 +1,61 @@
+// Per-step timeline of one CTA of csrc/wgmma.cu (no Python): where does a 64-k step go?
+// Build: nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc scripts/wgmma_timeline.cu -o wtl
+// Run on the GPU: ./wtl k M N K     (thread 0 of CTA (0, 0); clock64 cycles, mean over steps
+// 2 .. KT - 3 of the time from the step's start to each point: 1 = previous MMAs done, 2 = own
+// copies of the next step landed, 3 = past the first barrier, 4 = next copies issued, 5 = next
+// tile decoded, 6 = past the second barrier; then the mean step length). Random weights:
+// timing only.
+#include <cstdio>
+#include <cstdlib>
+
+constexpr int kMaxSteps = 512;
+__device__ long long kbit_wtl[kMaxSteps][8];
+#define KBIT_WG_MARK(s, p)                                                              \
+  do {                                                                                 \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (s) < kMaxSteps)     \
+      kbit_wtl[(s)][(p)] = clock64();                                                  \
+  } while (0)
+#include "wgmma.cu"
+
+#define CK(x)                                                                            \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+int main(int argc, char** argv) {
+  const int k = argc > 1 ? atoi(argv[1]) : 4, M = argc > 2 ? atoi(argv[2]) : 16;
+  const int64_t N = argc > 3 ? atoll(argv[3]) : 512, K = argc > 4 ? atoll(argv[4]) : 2048;
+  const int64_t KT = (K + 63) / 64;
+  int32_t* packed; uint8_t* absmax; float* cb; __half *x, *y;
+  CK(cudaMalloc(&packed, KT * N * 2 * k * 4));
+  CK(cudaMalloc(&absmax, KT * N * 2));
+  CK(cudaMalloc(&cb, 32 * 4));
+  CK(cudaMalloc(&x, size_t(M) * K * 2));
+  CK(cudaMalloc(&y, size_t(M) * N * 2));
+  CK(cudaMemset(packed, 0x5a, KT * N * 2 * k * 4));
+  CK(cudaMemset(absmax, 0x70, KT * N * 2));  // E4M4 code 0x70: 1.0
+  CK(cudaMemset(cb, 0, 32 * 4));
+  CK(cudaMemset(x, 0, size_t(M) * K * 2));
+  for (int rep = 0; rep < 3; rep++) {
+    CK(cudaError_t(kbit_wgmma(0, nullptr, x, KBIT_F16, M, K, packed, absmax, KBIT_ABSMAX_E4M4, cb, k, N, K, 0,
+                              nullptr, y, N)));
+    CK(cudaDeviceSynchronize());
+  }
+  static long long t[kMaxSteps][8];
+  CK(cudaMemcpyFromSymbol(t, kbit_wtl, sizeof(t)));
+  const int steps = int(KT < kMaxSteps ? KT : kMaxSteps);
+  double sum[8] = {}, len = 0;
+  int n = 0;
+  for (int s = 2; s < steps - 3; s++, n++) {
+    for (int p = 1; p <= 6; p++) sum[p] += double(t[s][p] - t[s][0]);
+    len += double(t[s + 1][0] - t[s][0]);
+  }
+  printf("k=%d M=%d N=%lld K=%lld: cycles from step start (mean of %d steps):", k, M, (long long)N, (long long)K, n);
+  for (int p = 1; p <= 6; p++) printf(" p%d %.0f", p, sum[p] / n);
+  printf(" | step %.0f cycles\n", len / n);
+  return 0;
+}
