@@ -36,6 +36,7 @@
 // the CTA then writes C. NOTES.md has the measured timeline of a call (scripts/mma_timeline.cu).
 #include <cstdlib>
 
+#include "async.cuh"
 #include "common.cuh"
 
 namespace kbit {
@@ -150,38 +151,6 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
   return v;
-}
-
-// mbarriers and bulk asynchronous copies (the TMA unit, sm_90+), shared addresses as 32-bit
-// values. Compiled for older targets they trap: the launcher only picks the bulk variant when
-// the kernel's binary is sm_90+ (bulk_capable).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define KBIT_BULK_ASM(...) asm volatile(__VA_ARGS__)
-#else
-#define KBIT_BULK_ASM(...) __trap()
-#endif
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  KBIT_BULK_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_fence_init() {
-  KBIT_BULK_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
-  KBIT_BULK_ASM("fence.proxy.async.shared::cta;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  KBIT_BULK_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  KBIT_BULK_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  KBIT_BULK_ASM(
-      "{\n .reg .pred p;\n"
-      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(bar),
-      "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  KBIT_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
 // Thread-block clusters (sm_90+; the split-K variant): a barrier over the cluster's CTAs whose

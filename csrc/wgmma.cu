@@ -5,31 +5,37 @@
 // A tiled GEMM: a CTA owns BN weight rows (the wgmma N) and 64 * WG tokens (WG warpgroups of
 // 128 threads; warpgroup w takes tokens 64w .. 64w + 63, the wgmma M) and walks K one k-tile
 // (64 values) per step. Per step:
-// - cp.async copies the step's packed words and absmax of the CTA's rows (contiguous in
-//   tiled64) and its x tile into one of kStages shared stages (zero-filled past M, N and K);
+// - thread 0 starts the step's copies into one of kStages shared stages, completing on the
+//   stage's mbarrier: the x tile of each warpgroup by TMA (a 2-D tensor map of x built per call,
+//   64 k x 64 tokens, 128-byte swizzle, zeros past M and K), the packed words and absmax of the
+//   CTA's rows (contiguous in tiled64) by bulk copies;
 // - the CTA's threads decode the BN x 64 weight tile once into shared memory, one thread per
 //   8-value group (16 bytes = one row of a core matrix), as kbit.dequantize does: codebook
 //   value * block scale in fp32, rounded once to the activation dtype;
 // - every warpgroup multiplies its x tile by that tile with 4 wgmma.m64nBNk16, both operands
-//   from shared memory, K-major without swizzle: a core matrix (8 rows x 16 bytes) is 128
-//   contiguous bytes, core matrices adjacent in K lie 128 bytes apart (the descriptor's
-//   leading byte offset), adjacent in rows 1024 bytes apart (stride byte offset). Tile
-//   element (row r, k) sits at ((r / 8) * 8 + k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2.
+//   from shared memory, K-major: x in the TMA's 128-byte swizzle (smem_desc_sw128), the
+//   weights without swizzle: a core matrix (8 rows x 16 bytes) is 128 contiguous bytes, core
+//   matrices adjacent in K lie 128 bytes apart (the descriptor's leading byte offset), adjacent
+//   in rows 1024 bytes apart (stride byte offset). Weight tile element (row r, k) sits at
+//   ((r / 8) * 8 + k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2.
 // The decode of step s + 1 runs while the wgmmas of step s are in flight (two weight tiles).
 // The per-tensor power of two multiplies the fp32 accumulator at the end (the 16-bit weights
 // cannot overflow: |codebook| <= 1 times a block scale that the format bounds; see
 // wgmma_supports in kbit/ops.py for the absmax formats taken).
 //
-// Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer clean) but 1.5-7x
-// slower than dequantize + cuBLAS on the model shapes, so kbit.linear does not dispatch to it
-// yet. scripts/wgmma_timeline.cu: issuing a step's cp.async copies takes 30% (KV, M = 16) to
-// 62% (gateup, M = 256) of the step (the per-thread LDGSTS path moves ~17 bytes per cycle per
-// SM; TMA tensor copies of the x tile are the next step), the decode 15-45%, the MMAs nothing
-// measurable; no split-K (KV: 16 CTAs). NOTES.md "v10" has the figures and the plan.
+// Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer) but still
+// slower than dequantize + cuBLAS on the model shapes (gateup M = 256: 32 vs 22 us; M = 1024: 96
+// vs 43), so kbit.linear does not dispatch to it yet. scripts/wgmma_timeline.cu: the decode is
+// 30-40% of a step and thread 0's copy issue (which delays its own decode) 25-35%; x through
+// per-thread cp.async had been 30-62% (NOTES.md "v10" has the figures and the plan).
 //
 // Preconditions (the launcher returns cudaErrorInvalidValue otherwise; kbit/ops.py checks them
 // before choosing this kernel): N % 8 == 0, K % 8 == 0, x and packed and absmax 16-byte
 // aligned, ldx % 8 == 0, out 4-byte aligned with ldo even.
+#include <cuda.h>  // CUtensorMap (types only: the encoder comes through cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
+
+#include "async.cuh"
 #include "common.cuh"
 
 // The wgmma instructions exist only in sm_90a code; other targets trap (the launcher only runs
@@ -70,31 +76,23 @@ template <int BN> constexpr int kWTileBytes = BN * kStepK * 2;
 // warpgroups, packed words, absmax with room for fp32), codebook + spread table.
 template <int K_BITS, int BN, int WG>
 struct Layout {
-  static constexpr int x_bytes = WG * kXTileBytes;
+  static constexpr int x_bytes = WG * kXTileBytes;          // 1024-aligned (128B swizzle atoms)
   static constexpr int packed_bytes = BN * 2 * K_BITS * 4;  // a multiple of 128 (BN >= 32)
   static constexpr int absmax_bytes = BN * 2 * 4;
-  static constexpr int stage_bytes = x_bytes + packed_bytes + absmax_bytes;
-  static constexpr int stage0 = 2 * kWTileBytes<BN>;
+  static constexpr int stage_bytes = (x_bytes + packed_bytes + absmax_bytes + 1023) / 1024 * 1024;
+  static constexpr int stage0 = 2 * kWTileBytes<BN>;         // a multiple of 1024
   static constexpr int tables = stage0 + kStagesOf<WG> * stage_bytes;
-  static constexpr int total = tables + 32 * 4 + 16 * 4;
+  static constexpr int bars = tables + 32 * 4 + 16 * 4;     // kStages mbarriers
+  // + 1024: the kernel aligns the dynamic shared window to 1024 bytes itself
+  static constexpr int total = bars + kStagesOf<WG> * 8 + 1024;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte asynchronous copy global -> shared; src_bytes < 16 zero-fills the rest (0: all).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-// Makes this thread's generic-proxy shared writes (stores, completed cp.async) visible to the
-// async proxy (wgmma operand reads) after the next barrier.
+// Orders this thread's generic-proxy shared accesses with later async-proxy ones (wgmma
+// operand reads, TMA writes) once a barrier follows.
 __device__ __forceinline__ void fence_proxy_async() {
   if (!(KBIT_WG_PROBE & 4)) KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -111,9 +109,21 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Shared-memory matrix descriptor: K-major, no swizzle, LBO 128 bytes (K), SBO 1024 (rows).
+// Shared-memory matrix descriptors, K-major. Decoded weights: no swizzle, LBO 128 bytes (K),
+// SBO 1024 (rows). x tiles as the TMA writes them with 128-byte swizzle (row r's 16-byte chunk c
+// at r * 128 + (c ^ r % 8) * 16, tile 1024-aligned): SBO 1024 (8 rows), LBO unused, mode 1; a
+// k16 slice starts 32 bytes further (the swizzle applies to the final address bits).
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(1024 >> 4) << 32);
+}
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// 2-D tensor copy (TMA) of the box at (c0 = k, c1 = token) into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  KBIT_BULK_ASM(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
 #define KBIT_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
@@ -168,7 +178,7 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
 
 template <typename T, int K_BITS, int BN, int WG>
 __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
-    const T* __restrict__ x, int M, int64_t ldx, const int32_t* __restrict__ packed,
+    const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K,
     float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   using L = Layout<K_BITS, BN, WG>;
@@ -176,11 +186,14 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
   constexpr int kStages = kStagesOf<WG>;
   constexpr int kGroups = BN * 8 / kThreads;  // 8-value groups a thread decodes per step
   static_assert(kGroups >= 1 && BN * 8 % kThreads == 0, "BN x 64 tile must split evenly");
-  extern __shared__ __align__(128) char smem[];
+  extern __shared__ __align__(1024) char smem_raw[];
+  // the x tiles need 1024-byte alignment (128B swizzle atoms); the launch adds 1024 bytes
+  char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   const int tid = threadIdx.x;
   const int n0 = blockIdx.x * BN, m0 = blockIdx.y * (kTokTile * WG);
   const int KT = (K + kStepK - 1) / kStepK;
   const int esize = fmt == KBIT_ABSMAX_E4M4 ? 1 : fmt == KBIT_ABSMAX_F16 ? 2 : 4;
+  const uint32_t bar0 = smem_u32(smem + L::bars);
 
   // Codebook and spread table (spread[v]: bit j of the 4-bit v at bit 8j + 2, so OR-ing
   // spread[nibble of plane b] << b gives 4 * index of element j in byte j; kbit/dequantize).
@@ -195,53 +208,34 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
   }
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
 
+  // Rows n0 + rows .. n0 + BN - 1 are past N: their packed words and absmax stay zero in every
+  // stage (decoded to 0), the copies bring only the first `rows`.
   const int rows = min(BN, N - n0);  // a multiple of 8 (N % 8 == 0)
-  // x copies: chunk c = tid + j * kThreads (j < 4) of a stage lands at byte 16 c: token row
-  // t = 8 (c / 64) + c % 8, 16-byte column kc = (c / 8) % 8 (fixed per thread), so the 8 lanes
-  // of a quarter warp fill one core matrix (conflict-free; with t = c / 8 they hit the same 4
-  // banks 8 times: ncu counted 57% excess shared wavefronts). Rows past M are zeroed once in
-  // every stage and never copied; source pointers and shared offsets are computed once.
-  constexpr int kXChunks = kTokTile * 8 * WG / kThreads;  // 4
-  const int valid_rows = min(kTokTile * WG, M - m0);
-  const int kc = (tid >> 3) & 7;
-  const T* xsrc[kXChunks];
-  uint32_t xdst[kXChunks];
-#pragma unroll
-  for (int j = 0; j < kXChunks; j++) {
-    const int c = tid + j * kThreads, t = ((c >> 6) << 3) | (c & 7);
-    xsrc[j] = t < valid_rows ? x + int64_t(m0 + t) * ldx + kc * 8 : nullptr;
-    xdst[j] = c << 4;
-    if (t >= valid_rows) {
-#pragma unroll
-      for (int st = 0; st < kStages; st++)
-        *reinterpret_cast<uint4*>(smem + L::stage0 + st * L::stage_bytes + xdst[j]) = make_uint4(0u, 0u, 0u, 0u);
+  const uint32_t p_bytes = rows * 8 * K_BITS, a_bytes = rows * 2 * esize;  // multiples of 16
+  if (rows < BN) {
+    for (int i = tid; i < kStages * (L::packed_bytes + L::absmax_bytes) / 16; i += kThreads) {
+      const int st = i / ((L::packed_bytes + L::absmax_bytes) / 16), o = i % ((L::packed_bytes + L::absmax_bytes) / 16) * 16;
+      *reinterpret_cast<uint4*>(smem + L::stage0 + st * L::stage_bytes + L::x_bytes + o) = make_uint4(0u, 0u, 0u, 0u);
     }
   }
-  // packed copies: chunk tid + j * kThreads (up to 2 per thread); absmax: at most one.
-  constexpr int kPChunks = (L::packed_bytes / 16 + kThreads - 1) / kThreads;
-  const bool a_copy = tid < BN * 2 * esize / 16, a_ok = tid * 16 < rows * 2 * esize;
-  const char* psrc = reinterpret_cast<const char*>(packed + int64_t(n0) * 2 * K_BITS) + tid * 16;
-  const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize + tid * 16;
+  if (tid == 0) {
+    for (int st = 0; st < kStages; st++) mbar_init(bar0 + st * 8, 1);
+    mbar_fence_init();
+  }
+  const char* psrc = reinterpret_cast<const char*>(packed + int64_t(n0) * 2 * K_BITS);
+  const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize;
   const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
-  auto issue = [&](int s) {  // copies of step s into stage s % kStages; always one group
-    if (s < KT) {
-      const uint32_t st = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes);
-      const uint32_t x_bytes = s * kStepK + kc * 8 < K ? 16u : 0u;  // K % 8 == 0: whole chunks
+  // Thread 0: all copies of step s into stage s % kStages, completing on its mbarrier: the x
+  // tile of each warpgroup (TMA, zeros past M and K), the packed words and absmax (bulk).
+  auto issue = [&](int s) {
+    if (s >= KT) return;
+    const uint32_t st = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes), bar = bar0 + (s % kStages) * 8;
+    fence_proxy_async();  // the stage's earlier generic reads (decode) before the async writes
+    mbar_expect_tx(bar, L::x_bytes + p_bytes + a_bytes);
 #pragma unroll
-      for (int j = 0; j < kXChunks; j++)
-        if (xsrc[j] != nullptr) cp_async16(st + xdst[j], x_bytes ? xsrc[j] + s * kStepK : x, x_bytes);
-#pragma unroll
-      for (int j = 0; j < kPChunks; j++) {
-        const int c = tid + j * kThreads;
-        const bool ok = c * 16 < rows * 8 * K_BITS;
-        if (c < L::packed_bytes / 16)
-          cp_async16(st + L::x_bytes + c * 16, ok ? psrc + j * kThreads * 16 + s * p_step : static_cast<const void*>(packed),
-                     ok ? 16u : 0u);
-      }
-      if (a_copy)
-        cp_async16(st + L::x_bytes + L::packed_bytes + tid * 16, a_ok ? asrc + s * a_step : absmax, a_ok ? 16u : 0u);
-    }
-    cp_async_commit();
+    for (int w = 0; w < WG; w++) tma_load_2d(st + w * kXTileBytes, &x_map, s * kStepK, m0 + w * kTokTile, bar);
+    bulk_copy(st + L::x_bytes, psrc + s * p_step, p_bytes, bar);
+    bulk_copy(st + L::x_bytes + L::packed_bytes, asrc + s * a_step, a_bytes, bar);
   };
 
   auto decode = [&](int s) {  // weight tile of step s (stage s % kStages) -> tile s & 1
@@ -300,10 +294,10 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
   const int wg = tid >> 7;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; s++) issue(s);
-  cp_async_wait<kStages - 2>();  // step 0 (this thread's copies)
-  __syncthreads();               // everyone's copies of step 0, the tables
+  __syncthreads();  // tables, zeroed tails, initialised mbarriers
+  if (tid == 0)
+    for (int s = 0; s < kStages - 1; s++) issue(s);
+  mbar_wait(bar0, 0);  // step 0
   decode(0);
   fence_proxy_async();
   __syncthreads();
@@ -316,20 +310,20 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kStepK / 16; kk++)
-      if (!(KBIT_WG_PROBE & 2)) wgmma_tile<T, BN>(acc, smem_desc(xa + kk * 256), smem_desc(wb + kk * 256));
+      if (!(KBIT_WG_PROBE & 2))
+        wgmma_tile<T, BN>(acc, smem_desc_sw128(xa + kk * 32), smem_desc(wb + kk * 256));
     wgmma_commit();
     fence_regs(acc);
     if (s + 1 < KT) {
-      wgmma_wait<1>();               // this warpgroup's MMAs of step s - 1 are done
+      wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done
       KBIT_WG_MARK(s, 1);
-      cp_async_wait<kStages - 3>();  // this thread's copies of step s + 1 landed
+      mbar_wait(bar0 + ((s + 1) % kStages) * 8, ((s + 1) / kStages) & 1);  // copies of step s + 1
       KBIT_WG_MARK(s, 2);
-      fence_proxy_async();
-      __syncthreads();               // all MMAs of s - 1 done, all copies of s + 1 visible
+      __syncthreads();  // all MMAs of s - 1 done: its stage and weight tile are free
       KBIT_WG_MARK(s, 3);
-      issue(s + kStages - 1);        // into the stage of step s - 1
+      if (tid == 0) issue(s + kStages - 1);  // into the stage of step s - 1
       KBIT_WG_MARK(s, 4);
-      decode(s + 1);                 // into the tile of step s - 1
+      decode(s + 1);  // into the tile of step s - 1
       KBIT_WG_MARK(s, 5);
       fence_proxy_async();
       __syncthreads();
@@ -366,8 +360,22 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
 int& forced_bn() { static int v = 0; return v; }
 int& forced_wg() { static int v = 0; return v; }
 
-// True when `device` is compute capability 9.0 and the kernels' binary for it is sm_90 code
-// (the build makes Hopper sm_90a; CMakeLists.txt), so the wgmma instructions exist.
+// cuTensorMapEncodeTiled from the driver (no link against libcuda), or null.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// True when `device` is compute capability 9.0, the kernels' binary for it is sm_90 code (the
+// build makes Hopper sm_90a; CMakeLists.txt), so the wgmma instructions exist, and the driver
+// gives the tensor-map encoder.
 bool wgmma_capable(int device) {
   static signed char known[64] = {};  // 0 unknown, 1 yes, -1 no
   if (device < 0 || device >= 64) return false;
@@ -376,7 +384,7 @@ bool wgmma_capable(int device) {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     cudaFuncAttributes attr;
-    const bool ok = major == 9 && minor == 0 &&
+    const bool ok = major == 9 && minor == 0 && tensor_map_encoder() != nullptr &&
                     cudaFuncGetAttributes(&attr, wgmma_kernel<__half, 4, 64, 1>) == cudaSuccess &&
                     attr.binaryVersion == 90;
     known[device] = ok ? 1 : -1;
@@ -408,10 +416,20 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     attr_done[device] = true;
   }
   if (attr_err[device] != cudaSuccess) return attr_err[device];
+  // x as a 2-D tensor [M, K] (row stride ldx) read in boxes of 64 k x 64 tokens with 128-byte
+  // swizzle; out-of-range elements (tokens >= M, k >= K) arrive as zeros.
+  CUtensorMap x_map;
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(M)}, strides[1] = {cuuint64_t(ldx) * 2};
+  const cuuint32_t box[2] = {kStepK, kTokTile}, elem_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &x_map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+      const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(ceil_div(N, BN)), unsigned(ceil_div(M, kTokTile * WG)));
   kernel<<<grid, WG * 128, smem, stream>>>(
-      static_cast<const T*>(x), int(M), ldx, packed, absmax, fmt, codebook, int(N), int(K),
-      ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo);
+      x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K), ldexpf(1.f, exponent),
+      static_cast<const T*>(bias), static_cast<T*>(out), ldo);
   return cudaGetLastError();
 }
 

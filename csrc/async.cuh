@@ -1,0 +1,39 @@
+// mbarriers and bulk asynchronous copies (the TMA unit, sm_90+) shared by csrc/mma.cu and
+// csrc/wgmma.cu; shared addresses as 32-bit values.
+#pragma once
+#include <stdint.h>
+
+namespace kbit {
+
+// Compiled for older targets they trap: the launchers only run kernels using them when the
+// kernel's binary is sm_90+ (mma.cu: bulk_capable, wgmma.cu: wgmma_capable).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define KBIT_BULK_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define KBIT_BULK_ASM(...) __trap()
+#endif
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  KBIT_BULK_ASM("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  KBIT_BULK_ASM("fence.mbarrier_init.release.cluster;" ::: "memory");
+  KBIT_BULK_ASM("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  KBIT_BULK_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  KBIT_BULK_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  KBIT_BULK_ASM(
+      "{\n .reg .pred p;\n"
+      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(bar),
+      "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  KBIT_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+}  // namespace kbit
