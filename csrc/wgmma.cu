@@ -5,7 +5,7 @@
 // A tiled GEMM: a CTA owns BN weight rows (the wgmma N) and 64 * WG tokens (WG warpgroups of
 // 128 threads; warpgroup w takes tokens 64w .. 64w + 63, the wgmma M) and walks K one k-tile
 // (64 values) per step. Per step:
-// - thread 0 starts the step's copies into one of kStages shared stages, completing on the
+// - a producer warp (one more than the warpgroups) starts the step's copies into one of kStages shared stages, completing on the
 //   stage's mbarrier: the x tile of each warpgroup by TMA (a 2-D tensor map of x built per call,
 //   64 k x 64 tokens, 128-byte swizzle, zeros past M and K), the packed words and absmax of the
 //   CTA's rows (contiguous in tiled64) by bulk copies;
@@ -26,8 +26,8 @@
 // Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer) but still
 // slower than dequantize + cuBLAS on the model shapes (gateup M = 256: 32 vs 22 us; M = 1024: 96
 // vs 43), so kbit.linear does not dispatch to it yet. scripts/wgmma_timeline.cu: the decode is
-// 30-40% of a step and thread 0's copy issue (which delays its own decode) 25-35%; x through
-// per-thread cp.async had been 30-62% (NOTES.md "v10" has the figures and the plan).
+// 30-40% of a step; the copies are issued by an extra producer warp; x through per-thread
+// cp.async had been 30-62% of a step (NOTES.md "v10" has the figures and the plan).
 //
 // Preconditions (the launcher returns cudaErrorInvalidValue otherwise; kbit/ops.py checks them
 // before choosing this kernel): N % 8 == 0, K % 8 == 0, x and packed and absmax 16-byte
@@ -177,12 +177,13 @@ template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, f
 }
 
 template <typename T, int K_BITS, int BN, int WG>
-__global__ void __launch_bounds__(WG * 128) wgmma_kernel(
+__global__ void __launch_bounds__(WG * 128 + 32) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K,
     float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   using L = Layout<K_BITS, BN, WG>;
-  constexpr int kThreads = WG * 128;
+  constexpr int kThreads = WG * 128;  // the consumer warpgroups; one more warp (the producer,
+  // tid >= kThreads) only issues the copies, off the decode's critical path
   constexpr int kStages = kStagesOf<WG>;
   constexpr int kGroups = BN * 8 / kThreads;  // 8-value groups a thread decodes per step
   static_assert(kGroups >= 1 && BN * 8 % kThreads == 0, "BN x 64 tile must split evenly");
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
   const int rows = min(BN, N - n0);  // a multiple of 8 (N % 8 == 0)
   const uint32_t p_bytes = rows * 8 * K_BITS, a_bytes = rows * 2 * esize;  // multiples of 16
   if (rows < BN) {
-    for (int i = tid; i < kStages * (L::packed_bytes + L::absmax_bytes) / 16; i += kThreads) {
+    for (int i = tid; i < kStages * (L::packed_bytes + L::absmax_bytes) / 16; i += kThreads + 32) {
       const int st = i / ((L::packed_bytes + L::absmax_bytes) / 16), o = i % ((L::packed_bytes + L::absmax_bytes) / 16) * 16;
       *reinterpret_cast<uint4*>(smem + L::stage0 + st * L::stage_bytes + L::x_bytes + o) = make_uint4(0u, 0u, 0u, 0u);
     }
@@ -294,42 +295,54 @@ __global__ void __launch_bounds__(WG * 128) wgmma_kernel(
   for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
   const int wg = tid >> 7;
 
+  // warp-uniform as far as the compiler can see (a shuffle from lane 0): wgmma in a branch on
+  // threadIdx directly is serialized by ptxas ("divergent path", C7518)
+  const bool producer = __shfl_sync(0xffffffffu, tid >> 7, 0) >= WG, issuer = tid == kThreads;
   __syncthreads();  // tables, zeroed tails, initialised mbarriers
-  if (tid == 0)
+  if (issuer)
     for (int s = 0; s < kStages - 1; s++) issue(s);
-  mbar_wait(bar0, 0);  // step 0
-  decode(0);
-  fence_proxy_async();
+  if (!producer) {
+    mbar_wait(bar0, 0);  // step 0
+    decode(0);
+    fence_proxy_async();
+  }
   __syncthreads();
 
   for (int s = 0; s < KT; s++) {
     KBIT_WG_MARK(s, 0);
     const uint32_t xa = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes) + wg * kXTileBytes;
     const uint32_t wb = smem_u32(smem) + (s & 1) * kWTileBytes<BN>;
-    fence_regs(acc);
-    wgmma_fence();
+    if (!producer) {
+      fence_regs(acc);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kStepK / 16; kk++)
-      if (!(KBIT_WG_PROBE & 2))
-        wgmma_tile<T, BN>(acc, smem_desc_sw128(xa + kk * 32), smem_desc(wb + kk * 256));
-    wgmma_commit();
-    fence_regs(acc);
+      for (int kk = 0; kk < kStepK / 16; kk++)
+        if (!(KBIT_WG_PROBE & 2))
+          wgmma_tile<T, BN>(acc, smem_desc_sw128(xa + kk * 32), smem_desc(wb + kk * 256));
+      wgmma_commit();
+      fence_regs(acc);
+    }
     if (s + 1 < KT) {
-      wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done
-      KBIT_WG_MARK(s, 1);
-      mbar_wait(bar0 + ((s + 1) % kStages) * 8, ((s + 1) / kStages) & 1);  // copies of step s + 1
-      KBIT_WG_MARK(s, 2);
+      if (!producer) {
+        wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done
+        KBIT_WG_MARK(s, 1);
+        mbar_wait(bar0 + ((s + 1) % kStages) * 8, ((s + 1) / kStages) & 1);  // copies of step s + 1
+        KBIT_WG_MARK(s, 2);
+      }
       __syncthreads();  // all MMAs of s - 1 done: its stage and weight tile are free
       KBIT_WG_MARK(s, 3);
-      if (tid == 0) issue(s + kStages - 1);  // into the stage of step s - 1
-      KBIT_WG_MARK(s, 4);
-      decode(s + 1);  // into the tile of step s - 1
-      KBIT_WG_MARK(s, 5);
-      fence_proxy_async();
+      if (producer) {
+        if (issuer) issue(s + kStages - 1);  // into the stage of step s - 1
+      } else {
+        decode(s + 1);  // into the tile of step s - 1
+        KBIT_WG_MARK(s, 5);
+        fence_proxy_async();
+      }
       __syncthreads();
       KBIT_WG_MARK(s, 6);
     }
   }
+  if (producer) return;  // no barrier follows
   wgmma_wait<0>();
   fence_regs(acc);
 
@@ -427,7 +440,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(ceil_div(N, BN)), unsigned(ceil_div(M, kTokTile * WG)));
-  kernel<<<grid, WG * 128, smem, stream>>>(
+  kernel<<<grid, WG * 128 + 32, smem, stream>>>(
       x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K), ldexpf(1.f, exponent),
       static_cast<const T*>(bias), static_cast<T*>(out), ldo);
   return cudaGetLastError();
