@@ -1,0 +1,61 @@
+"""Where the host time of an eager kbit.linear call at M = 1 goes (device machine).
+
+Prints wall-clock us per call of back-to-back calls for: the whole kbit.linear, its pieces
+(dispatch lookup, output allocation, the ctypes call alone with M = 0 so nothing launches, the
+ctypes call that launches), and eager fp16 torch.matmul / F.linear as the reference.
+Usage: python scripts/host_overhead.py [calls]
+"""
+import sys
+import time
+
+import torch
+
+import kbit
+from kbit import _lib, ops
+
+L = sys.modules["kbit.linear"]  # the module (kbit.linear is the function)
+
+calls = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+K, N = 2048, 5120
+w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
+q = kbit.repack(kbit.quantize(w, k=4))
+x = torch.randn(1, K, dtype=torch.float16, device="cuda")
+y = torch.empty(1, N, dtype=torch.float16, device="cuda")
+lib = _lib._lib
+stream = torch.cuda.current_stream().cuda_stream
+wargs = L._launch_args(q, x.device)
+
+
+def per_call(fn):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def ctypes_call(m):
+    return lib.kbit_mma(0, stream, x.data_ptr(), 1, m, K, wargs[0], wargs[1], wargs[2], wargs[3],
+                        wargs[4], N, K, wargs[5], None, y.data_ptr(), N)
+
+
+rows = [
+    ("kbit.linear(x, q, out=y)", lambda: kbit.linear(x, q, out=y)),
+    ("kbit.linear(x, q)", lambda: kbit.linear(x, q)),
+    ("kernel_for lookup", lambda: L.kernel_for(1, N, K, 4)),
+    ("torch.empty((1, N))", lambda: torch.empty((1, N), dtype=torch.float16, device="cuda")),
+    ("x.device / stream handle", lambda: torch.cuda.current_stream(x.device.index).cuda_stream),
+    ("ctypes kbit_mma, M = 0 (no launch)", lambda: ctypes_call(0)),
+    ("ctypes kbit_mma, M = 1 (launch)", lambda: ctypes_call(1)),
+    ("ops.mma_out (torch.library op)", lambda: ops.mma_out(x, q.packed, q.absmax, q.codebook, N, K, 0, None, y)),
+    ("fp16 torch.matmul(x, w.T, out=y)", lambda: torch.matmul(x, w.T, out=y)),
+    ("fp16 F.linear(x, w)", lambda: torch.nn.functional.linear(x, w)),
+]
+for name, fn in rows:
+    print(f"{name:40s} {per_call(fn):7.2f} us")
