@@ -1,7 +1,8 @@
 """kbit::wgmma (csrc/wgmma.cu, Hopper's warpgroup MMA) against the reference: W dequantized in
 float32, product in float64. Same bounds as tests/test_linear.py (why: see there): the kernel
 rounds each decoded weight once to the activation dtype, as kbit.dequantize does, and
-accumulates in float32. Outputs are NaN-poisoned before every call."""
+accumulates in float32. Outputs are NaN-poisoned before every call. The absmax formats and
+per-tensor exponents: tests/test_linear.py, test_mma_absmax_formats_exponent_bias."""
 
 import pytest
 import torch
@@ -69,21 +70,6 @@ def test_wgmma_every_cta_shape(k, rng):
                 assert err <= TOL[dtype], (bn, wg, m, err)
     finally:
         ops.force_wgmma_config(0, 0)
-
-
-@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if WGMMA else []))
-@pytest.mark.parametrize("absmax_format", ["e4m4", "fp16", "fp32"])
-def test_wgmma_absmax_formats_exponent_bias(device, absmax_format, rng):
-    # weights ~1e-7 and ~1e3: per-tensor exponents far from 0 for E4M4
-    for scale in (1e-7, 1e3):
-        w = random_weight(72, 320, gen=rng, device=device, spread=1.0) * scale
-        q = kbit.repack(kbit.quantize(w, k=4, absmax_format=absmax_format))
-        bias = torch.randn(72, generator=rng).to(torch.bfloat16).to(device) * scale
-        for m in (1, 13, 80):
-            x = torch.randn(m, 320, generator=rng).to(torch.bfloat16).to(device)
-            got = ops.wgmma(x, q.packed, q.absmax, q.codebook, 72, 320, q.absmax_exponent, bias)
-            err = _rel_err(got.cpu(), ref.linear(x.cpu(), _weight(q), bias.cpu()))
-            assert err <= TOL[torch.bfloat16], (absmax_format, scale, m, err)
 
 
 @needs_wgmma
