@@ -23,9 +23,10 @@
 // cannot overflow: |codebook| <= 1 times a block scale that the format bounds; see
 // wgmma_supports in kbit/ops.py for the absmax formats taken).
 //
-// Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer) but still
-// slower than dequantize + cuBLAS on the model shapes (gateup M = 256: 32 vs 22 us; M = 1024: 96
-// vs 43), so kbit.linear does not dispatch to it yet. scripts/wgmma_timeline.cu: the decode is
+// Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer); still slower
+// than dequantize + cuBLAS on the dense model shapes (gateup M = 256: 32 vs 22 us; M = 1024: 96
+// vs 43), faster on the 28672x8192 weight at M = 33..64 (225-290 vs 280-430 us), the only place
+// the dispatch table (kbit/dispatch_table.py) sends kbit.linear to it. scripts/wgmma_timeline.cu: the decode is
 // 30-40% of a step; the copies are issued by an extra producer warp; x through per-thread
 // cp.async had been 30-62% of a step (NOTES.md "v10" has the figures and the plan).
 //

@@ -1,13 +1,14 @@
 """kbit.linear: C = x @ W^T (+ bias) for a k-bit W, any leading dims of x, fp16/bf16.
 
 Dispatch (tiled64 weights): `kernel_for` looks the (N, K, k) of the weight up in
-kbit/dispatch_table.py, the faster of mma and dequantize + cuBLAS per range of M measured by
-`kbit bench --suite linear` (the table's header has the command that regenerates it); other
-shapes use its DEFAULT (the tensor-core kernel for M <= 32). "mma" falls back to the scalar GEMV (M <= 4)
-when x is too large to stage in shared memory (mma_supports), then to dequantize. A flat
-weight, or an M past the table, takes dequantize into a reused per-(device, stream, dtype)
-buffer + torch.nn.functional.linear (cuBLAS). With `out` given (contiguous [M, N], x's
-dtype) the small-M kernels write into it directly.
+kbit/dispatch_table.py, the fastest of mma, wgmma and dequantize + cuBLAS per range of M
+measured by `kbit bench --suite linear` (the table's header has the command that regenerates
+it); other shapes use its DEFAULT (the tensor-core kernel for M <= 32). "wgmma" (Hopper only)
+falls back to "mma" where the device or shape cannot take it (wgmma_supports); "mma" falls
+back to the scalar GEMV (M <= 4) when x is too large to stage in shared memory
+(mma_supports), then to dequantize. A flat weight, or an M past the table, takes dequantize
+into a reused per-(device, stream, dtype) buffer + torch.nn.functional.linear (cuBLAS). With
+`out` given (contiguous [M, N], x's dtype) the small-M kernels write into it directly.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ _dequant_buffers: dict = {}
 
 
 def kernel_for(m: int, n: int, kdim: int, k: int) -> str:
-    """"gemv", "mma" or "dq": the kernel of the dispatch table for an [m, kdim] x and an
-    [n, kdim] k-bit weight (before the shared-memory check of "mma")."""
+    """"gemv", "mma", "wgmma" or "dq": the kernel of the dispatch table for an [m, kdim] x and
+    an [n, kdim] k-bit weight (before the device checks of "mma" and "wgmma")."""
     for top, name in dispatch_table.TABLE.get((n, kdim, k), dispatch_table.DEFAULT):
         if m <= top:
             return name
@@ -126,7 +127,9 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
             return out if y is out else y.view(*lead, n)
     small = None
     if qweight.layout == "tiled64" and m > 0 and kernel != "dq":
-        if kernel == "mma" and ops.mma_supports(m, kdim, n, qweight.k, x.device):
+        if kernel == "wgmma" and ops.wgmma_supports(m, kdim, n, qweight.k, x.device):
+            small = (ops.wgmma, ops.wgmma_out)
+        elif kernel in ("mma", "wgmma") and ops.mma_supports(m, kdim, n, qweight.k, x.device):
             small = (ops.mma, ops.mma_out)
         elif m <= ops.GEMV_MAX_M:
             small = (ops.gemv, ops.gemv_out)

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kbit.bench.linear_suite import DENSE, EXTRA  # noqa: E402
 
-NAMES = {"Scalar": "gemv", "MMA": "mma", "dq+cuBLAS": "dq"}
+NAMES = {"Scalar": "gemv", "MMA": "mma", "WGMMA": "wgmma", "dq+cuBLAS": "dq"}
 
 
 def ranges(best_by_m: dict[int, str]) -> tuple:
@@ -56,9 +56,9 @@ def main() -> None:
     print("    kbit bench --suite linear --json F   # on the GPU")
     print("    python scripts/make_dispatch.py F > kbit/dispatch_table.py")
     print()
-    print("TABLE[(N, K, k)] = ((largest M, kernel), ...) in increasing M: the faster of mma and")
-    print('dequantize + cuBLAS ("mma", "dq") measured at that M (the scalar GEMV is left out: see')
-    print('scripts/make_dispatch.py); shapes not in the table use DEFAULT."""')
+    print("TABLE[(N, K, k)] = ((largest M, kernel), ...) in increasing M: the fastest of mma, wgmma")
+    print('and dequantize + cuBLAS ("mma", "wgmma", "dq") measured at that M (the scalar GEMV is left')
+    print('out: see scripts/make_dispatch.py); shapes not in the table use DEFAULT."""')
     print()
     print("TABLE = {")
     for (n, kdim, k), by_m in sorted(best.items()):

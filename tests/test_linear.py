@@ -283,8 +283,8 @@ def test_dispatch_table_well_formed():
         tops = [top for top, _ in entries]
         assert tops == sorted(tops) and len(set(tops)) == len(tops), key
         for top, name in entries:
-            assert name in ("gemv", "mma", "dq"), key
-            assert top <= {"gemv": ops.GEMV_MAX_M, "mma": ops.MMA_MAX_M, "dq": 1 << 62}[name], key
+            assert name in ("gemv", "mma", "wgmma", "dq"), key
+            assert top <= {"gemv": ops.GEMV_MAX_M, "mma": ops.MMA_MAX_M, "wgmma": 1 << 62, "dq": 1 << 62}[name], key
 
 
 def test_kernel_for_ranges(monkeypatch):
@@ -312,14 +312,16 @@ def test_make_dispatch_ranges():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kernel", ["gemv", "mma", "dq"])
+@pytest.mark.parametrize("kernel", ["gemv", "mma", "wgmma", "dq"])
 def test_linear_each_dispatched_kernel(device, kernel, monkeypatch, rng):
+    """Each kernel name the table can hold, at M = 1, 3 (and past mma's range for "wgmma",
+    which on a GPU without it must fall back, not fail)."""
     from kbit import dispatch_table
 
     n, kdim, k = 200, 4128, 3
-    monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((4, kernel),)})
+    monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((4 if kernel == "gemv" else 100, kernel),)})
     q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device), k=k))
-    for m in (1, 3):
+    for m in (1, 3) + ((70,) if kernel == "wgmma" else ()):
         x = torch.randn(m, kdim, generator=rng).to(torch.float16).to(device)
         out = torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
         got = kbit.linear(x, q, out=out)
