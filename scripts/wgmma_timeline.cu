@@ -17,14 +17,7 @@ __device__ long long kbit_wtl[kMaxSteps][8];
   } while (0)
 #include "wgmma.cu"
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
+#include "cuda_check.h"
 
 int main(int argc, char** argv) {
   const int k = argc > 1 ? atoi(argv[1]) : 4, M = argc > 2 ? atoi(argv[2]) : 16;
