@@ -387,10 +387,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// True when `device` is compute capability 9.0, the kernels' binary for it is sm_90 code (the
-// build makes Hopper sm_90a; CMakeLists.txt), so the wgmma instructions exist, and the driver
-// gives the tensor-map encoder.
+// True when `device` is compute capability 9.0, the library has sm_90a code (KBIT_HAS_SM90A,
+// set by CMakeLists.txt when the arch list holds 90a; a plain sm_90 binary would trap on the
+// wgmma instructions) and runs it here (binary version 90), and the driver gives the
+// tensor-map encoder. Manual builds of the library or the harnesses pass -DKBIT_HAS_SM90A.
 bool wgmma_capable(int device) {
+#ifndef KBIT_HAS_SM90A
+  (void)device;
+  return false;
+#else
   static signed char known[64] = {};  // 0 unknown, 1 yes, -1 no
   if (device < 0 || device >= 64) return false;
   if (known[device] == 0) {
@@ -404,6 +409,7 @@ bool wgmma_capable(int device) {
     known[device] = ok ? 1 : -1;
   }
   return known[device] == 1;
+#endif
 }
 
 // (BN, WG) of a call: WG warpgroups cover up to 64 * WG tokens per CTA; BN = 32 when BN = 64

@@ -6,7 +6,7 @@ set -euo pipefail
 out=$1; shift
 tmp=$(mktemp -d)
 for f in csrc/*.cu; do
-  nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -lineinfo -Xcompiler -fPIC "$@" \
+  nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -lineinfo -Xcompiler -fPIC -DKBIT_HAS_SM90A "$@" \
     -c "$f" -o "$tmp/$(basename "$f").o" &
 done
 wait
