@@ -3,11 +3,11 @@
 Rows (shape, k) over the dense shapes of DESIGN.md §4, columns per kernel (Scalar = the scalar
 GEMV for M <= 4; MMA = the tensor-core kernel for M <= 64; WGMMA = the Hopper warpgroup-MMA
 GEMM, compute capability 9.0 only; dq+cuBLAS = dequantize into a reused buffer, then cuBLAS),
-fp16 cuBLAS, Best (fastest dispatched kbit kernel), GB/s of Best (k-bit weight bytes / time), vs fp16 = fp16 / Best; a TOTAL row per k
-sums Best and fp16 over the dense shapes. The 8192x28672 weight ("big", K = 8192, N = 28672)
-is measured for M <= 64 and shown below the TOTAL, not in it. MoE rows are not measured yet
-(no grouped kernel). Every time is cold: weights rotated over enough copies to exceed L2 several times; CUDA-graph
-replay, median.
+fp16 cuBLAS, Best (fastest kbit kernel), GB/s of Best (k-bit weight bytes / time), vs fp16 =
+fp16 / Best; a TOTAL row per k sums Best and fp16 over the dense shapes. The 8192x28672 weight
+("big", K = 8192, N = 28672) is measured for M <= 64 and shown below the TOTAL, not in it. MoE
+rows are not measured yet (no grouped kernel). Every time is cold: weights rotated over enough
+copies to exceed L2 several times; CUDA-graph replay, median.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ DENSE = {"gateup": (2048, 5120), "down": (5120, 2048), "Q": (2048, 4096), "O": (
 EXTRA = {"big": (8192, 28672)}  # name: (K, N); not in TOTAL
 EXTRA_MAX_M = 64
 KERNELS = ["Scalar", "MMA", "WGMMA", "dq+cuBLAS"]
-EXPERIMENTAL: set = set()  # columns measured and shown but not dispatched by kbit.linear (never "Best")
 
 
 def _progress(msg: str) -> None:
@@ -149,7 +148,7 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) ->
         print("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
 
         def line(name, k, row, f):
-            best = min((c for c in row if c not in EXPERIMENTAL), key=row.get)
+            best = min(row, key=row.get)
             cells = " | ".join(f"{row[c]:>9.1f}" if c in row else f"{'-':>9}" for c in KERNELS)
             gbps = weight_bytes[(name, k)] / row[best] / 1e3
             print(f"| {name:6} | {k} | {cells} | {f:>7.1f} | {best:>9} | {row[best]:>7.1f} "
