@@ -407,7 +407,8 @@ _wgmma_ok: dict = {}
 def wgmma_supports(m: int, kdim: int, n: int, k: int | None = None, device=None) -> bool:
     """Whether the wgmma kernel takes x [m, kdim] @ W[n, kdim]^T: N and K multiples of 8 and,
     for a CUDA device, compute capability 9.0 with a library built for it (sm_90a). Without a
-    device only the shape rule is checked."""
+    device only the shape rule is checked. k is taken for symmetry with mma_supports: every
+    k = 2..5 runs."""
     if not (m >= 1 and n % 8 == 0 and kdim % 8 == 0):
         return False
     if device is None or torch.device(device).type != "cuda":
@@ -509,7 +510,7 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
     if cfn == "kbit_wgmma":  # 16-byte aligned x rows, 4-byte aligned output pairs
         if x.data_ptr() % 16 or x.stride(0) % 8:
             x = x.clone(memory_format=torch.contiguous_format)
-        if out.data_ptr() % 4 or out.stride(0) % 2 or out.stride(1) != 1:
+        if out.data_ptr() % 4:  # contiguous (_check_out) with N % 8 == 0: rows stay aligned
             out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     dev, stream = _lib.stream_of(x)
     rc = getattr(lib, cfn)(
