@@ -28,6 +28,24 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
+// Two values rounded to T (fp16 / bf16) and packed into one 32-bit word (lo in the low half),
+// as the tensor-core operands and paired stores take them.
+template <typename T> struct Pair;
+template <> struct Pair<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+template <> struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
 // E4M4: byte = e << 4 | m; e == 0: m * 2^-14; else (16 + m) * 2^(e - 15). Built from bits,
 // no branch on the data path besides a select.
 __device__ __forceinline__ float e4m4_decode(uint32_t code) {

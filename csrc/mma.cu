@@ -81,21 +81,6 @@ constexpr int kXPad = 16;                   // halves of padding per staged x ro
 constexpr int kAccStride = 20;
 constexpr int kMaxXSmem = 136 * 1024;       // staged x larger than this: not handled here
 constexpr int kMaxKSlices = 8;              // split-K: clusters of 2, 4 or 8 CTAs
-template <typename T> struct Pair;
-template <> struct Pair<__half> {
-  using type = __half2;
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
-template <> struct Pair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
 
 template <typename T>
 __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {

@@ -130,52 +130,36 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 #define KBIT_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
                      "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 
-// D[64 tokens, BN] += A[64 tokens, 16 k] * B[BN rows, 16 k]^T (A = x, B = decoded W).
+// D[64 tokens, BN] += A[64 tokens, 16 k] * B[BN rows, 16 k]^T (A = x, B = decoded W); TY is the
+// PTX type of both operands ("f16" or "bf16").
+#define KBIT_WGMMA_N64(TY)                                                                        \
+  KBIT_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY \
+                 "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+                 "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, " \
+                 "0, 0;\n}"                                                                      \
+                 : KBIT_ACC8(0), KBIT_ACC8(8), KBIT_ACC8(16), KBIT_ACC8(24)                       \
+                 : "l"(da), "l"(db), "r"(1))
+#define KBIT_WGMMA_N32(TY)                                                                        \
+  KBIT_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." TY \
+                 "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, " \
+                 "p, 1, 1, 0, 0;\n}"                                                             \
+                 : KBIT_ACC8(0), KBIT_ACC8(8)                                                     \
+                 : "l"(da), "l"(db), "r"(1))
 template <typename T, int BN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+  static_assert(BN == 32 || BN == 64, "BN is 32 or 64");
   constexpr bool kHalf = std::is_same<T, __half>::value;
   if constexpr (BN == 64) {
-    if constexpr (kHalf)
-      KBIT_WGMMA_ASM(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-          "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}"
-          : KBIT_ACC8(0), KBIT_ACC8(8), KBIT_ACC8(16), KBIT_ACC8(24)
-          : "l"(da), "l"(db), "r"(1));
-    else
-      KBIT_WGMMA_ASM(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-          "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}"
-          : KBIT_ACC8(0), KBIT_ACC8(8), KBIT_ACC8(16), KBIT_ACC8(24)
-          : "l"(da), "l"(db), "r"(1));
+    if constexpr (kHalf) KBIT_WGMMA_N64("f16");
+    else KBIT_WGMMA_N64("bf16");
   } else {
-    static_assert(BN == 32, "BN is 32 or 64");
-    if constexpr (kHalf)
-      KBIT_WGMMA_ASM(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}"
-          : KBIT_ACC8(0), KBIT_ACC8(8)
-          : "l"(da), "l"(db), "r"(1));
-    else
-      KBIT_WGMMA_ASM(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}"
-          : KBIT_ACC8(0), KBIT_ACC8(8)
-          : "l"(da), "l"(db), "r"(1));
+    if constexpr (kHalf) KBIT_WGMMA_N32("f16");
+    else KBIT_WGMMA_N32("bf16");
   }
 }
+#undef KBIT_WGMMA_N64
+#undef KBIT_WGMMA_N32
 #undef KBIT_ACC8
-
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
 
 template <typename T, int K_BITS, int BN, int WG>
 __global__ void __launch_bounds__(WG * 128 + 32) wgmma_kernel(
@@ -284,8 +268,8 @@ __global__ void __launch_bounds__(WG * 128 + 32) wgmma_kernel(
         const float b = *reinterpret_cast<const float*>(cb_bytes + ((offs >> 8) & 0xffu));
         const float c = *reinterpret_cast<const float*>(cb_bytes + ((offs >> 16) & 0xffu));
         const float d = *reinterpret_cast<const float*>(cb_bytes + (offs >> 24));
-        vv[2 * e] = pack2<T>(a * scale, b * scale);
-        vv[2 * e + 1] = pack2<T>(c * scale, d * scale);
+        vv[2 * e] = Pair<T>::pack(a * scale, b * scale);
+        vv[2 * e + 1] = Pair<T>::pack(c * scale, d * scale);
       }
       *reinterpret_cast<uint4*>(wt + i * 16) = v;
     }
@@ -364,7 +348,7 @@ __global__ void __launch_bounds__(WG * 128 + 32) wgmma_kernel(
       const int tok = m0 + wg * kTokTile + warp * 16 + g + 8 * h;
       if (tok < M)
         *reinterpret_cast<uint32_t*>(out + int64_t(tok) * ldo + n) =
-            pack2<T>(acc[4 * i + 2 * h] * shift_up + b0, acc[4 * i + 2 * h + 1] * shift_up + b1);
+            Pair<T>::pack(acc[4 * i + 2 * h] * shift_up + b0, acc[4 * i + 2 * h + 1] * shift_up + b1);
     }
   }
 }
