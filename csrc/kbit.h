@@ -70,16 +70,16 @@ KBIT_API int kbit_device_smem_optin(int device);
 
 // Same contract as kbit_gemv for any M >= 1 on Hopper's warpgroup MMA (csrc/wgmma.cu): needs a
 // compute capability 9.0 device and sm_90a code (kbit_wgmma_available), N % 8 == 0, K % 8 == 0,
-// x, packed and absmax 16-byte aligned, ldx % 8 == 0, out 4-byte aligned and ldo even
-// (otherwise cudaErrorNotSupported / cudaErrorInvalidValue without launching).
+// x, packed and absmax 16-byte aligned, ldx % 8 == 0 (otherwise cudaErrorNotSupported / cudaErrorInvalidValue without launching).
 KBIT_API int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
                         const int32_t* packed, const void* absmax, int absmax_format,
                         const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
                         const void* bias, void* out, int64_t ldo);
 KBIT_API int kbit_wgmma_available(int device);
-// Forces the CTA shape of every kbit_wgmma launch: bn weight rows (32, 64), wg warpgroups
-// (1, 2, 4); 0 = automatic (tests, experiments).
-KBIT_API void kbit_wgmma_force_config(int bn, int wg);
+// Forces the configuration of every kbit_wgmma launch: tn tokens per CTA (32, 64, 128, 256),
+// wg warpgroups of 64 weight rows (1, 2), K split over a cluster of `splits` CTAs (1..8);
+// 0 = automatic (tests, experiments).
+KBIT_API void kbit_wgmma_force_config(int tn, int wg, int splits);
 
 #ifdef __cplusplus
 }

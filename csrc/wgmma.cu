@@ -1,43 +1,49 @@
 // wgmma: C[M, N] = x[M, K] @ W^T (+ bias[N]) on Hopper's warpgroup MMA (wgmma, sm_90a), W
-// k-bit in the tiled64 layout. For the M where mma.cu (weights decoded into mma.sync
-// registers, x staged whole, one token tile per 8 tokens per warp) runs out of warps.
+// k-bit in the tiled64 layout; any M (kbit.linear sends it the M where it measured fastest).
 //
-// A tiled GEMM: a CTA owns BN weight rows (the wgmma N) and 64 * WG tokens (WG warpgroups of
-// 128 threads; warpgroup w takes tokens 64w .. 64w + 63, the wgmma M) and walks K one k-tile
-// (64 values) per step. Per step:
-// - a producer warp (one more than the warpgroups) starts the step's copies into one of kStages shared stages, completing on the
-//   stage's mbarrier: the x tile of each warpgroup by TMA (a 2-D tensor map of x built per call,
-//   64 k x 64 tokens, 128-byte swizzle, zeros past M and K), the packed words and absmax of the
-//   CTA's rows (contiguous in tiled64) by bulk copies;
-// - the CTA's threads decode the BN x 64 weight tile once into shared memory, one thread per
-//   8-value group (16 bytes = one row of a core matrix), as kbit.dequantize does: codebook
-//   value * block scale in fp32, rounded once to the activation dtype;
-// - every warpgroup multiplies its x tile by that tile with 4 wgmma.m64nBNk16, both operands
-//   from shared memory, K-major: x in the TMA's 128-byte swizzle (smem_desc_sw128), the
-//   weights without swizzle: a core matrix (8 rows x 16 bytes) is 128 contiguous bytes, core
-//   matrices adjacent in K lie 128 bytes apart (the descriptor's leading byte offset), adjacent
-//   in rows 1024 bytes apart (stride byte offset). Weight tile element (row r, k) sits at
-//   ((r / 8) * 8 + k / 8) * 128 + (r % 8) * 16 + (k % 8) * 2.
-// The decode of step s + 1 runs while the wgmmas of step s are in flight (two weight tiles).
+// The weights are the wgmma's A operand, decoded straight into registers; x is the B operand,
+// read from shared memory. D[64 weight rows, TN tokens] += A[64 rows, 16 k] * B[16 k, TN].
+//
+// CTA: WG consumer warpgroups (warpgroup w owns weight rows 64w .. 64w + 63 of the CTA's
+// 64 * WG) and one producer warp; a tile of TN tokens shared by the warpgroups; K split over
+// the `splits` CTAs of a cluster (blockIdx.z; 1 = no split). Per 64-k step (one tiled64
+// k-tile):
+// - the producer warp fills one of S shared stages, completing on the stage's "full"
+//   mbarrier: the x tile (TMA 2-D tensor copy, 64 k x TN tokens, 128-byte swizzle, zeros past
+//   M and K) and the packed words and absmax of the CTA's rows (contiguous in tiled64; bulk
+//   copies); it refills a stage once every consumer warp has arrived on its "empty" mbarrier;
+// - each consumer lane (g = lane / 4, c = lane % 4 of warp q of warpgroup w) decodes the A
+//   fragments of rows r = 64w + 16q + g and r + 8: the mma.m16n8k16 A layout, which is what
+//   wgmma takes from registers (a0: row g, k 2c, 2c + 1; a1: row g + 8; a2, a3: k + 8). In a
+//   32-value block, lane c needs positions 8y + 2c and 8y + 2c + 1 (y = 0..3): rotating each
+//   bit-plane word right by 2c - 2b and masking bits 2b, 2b + 1 of every byte gathers, in byte
+//   y, the k-bit indices of those two values interleaved (bit 2b: first value's bit b, bit
+//   2b + 1: second's). One shared load of a private per-lane table (mma.cu's addressing: the
+//   byte of indices is byte 1 of the address, PRMT) returns the two codebook values packed,
+//   one packed multiply applies the block scale. k = 5: the fifth plane's two bits go to
+//   bits 6-7 of byte 0 (mma.cu's entry_addr5 table, 16 columns shared by 2 lanes);
+// - 4 wgmma.m64nTNk16 (A from registers, B = x: K-major, 128-byte swizzle) per warpgroup;
+//   the decode of step s + 1 runs while those of step s are in flight (wait_group 1).
+// x is read in its natural k order (no staging through registers), decoded weights never go
+// through shared memory, and the decode costs ~1 shared load per 2 values.
+// Epilogue: splits == 1: each lane writes its accumulators (rows r, r + 8; tokens 8i + 2c,
+// 8i + 2c + 1) with the per-tensor power of two and the bias. splits > 1: every CTA puts its
+// fp32 tile into shared memory, the cluster synchronizes, and CTA z adds tokens t with
+// t % splits == z over the cluster (distributed shared memory) and writes them.
+//
 // The per-tensor power of two multiplies the fp32 accumulator at the end (the 16-bit weights
 // cannot overflow: |codebook| <= 1 times a block scale that the format bounds; see
 // wgmma_supports in kbit/ops.py for the absmax formats taken).
 //
-// Status (session 10, H100): correct (tests/test_wgmma.py, compute-sanitizer); still slower
-// than dequantize + cuBLAS on the dense model shapes (gateup M = 256: 32 vs 22 us; M = 1024: 96
-// vs 43), faster on the 28672x8192 weight at M = 33..64 (225-290 vs 280-430 us), the only place
-// the dispatch table (kbit/dispatch_table.py) sends kbit.linear to it. scripts/wgmma_timeline.cu: the decode is
-// 30-40% of a step; the copies are issued by an extra producer warp; x through per-thread
-// cp.async had been 30-62% of a step (NOTES.md "v10" has the figures and the plan).
-//
 // Preconditions (the launcher returns cudaErrorInvalidValue otherwise; kbit/ops.py checks them
 // before choosing this kernel): N % 8 == 0, K % 8 == 0, x and packed and absmax 16-byte
-// aligned, ldx % 8 == 0, out 4-byte aligned with ldo even.
+// aligned, ldx % 8 == 0.
 #include <cuda.h>  // CUtensorMap (types only: the encoder comes through cudaGetDriverEntryPointByVersion)
 #include <cudaTypedefs.h>
 
 #include "async.cuh"
 #include "common.cuh"
+#include "tc.cuh"
 
 // The wgmma instructions exist only in sm_90a code; other targets trap (the launcher only runs
 // the kernel on a compute capability 9.0 device whose kernel binary is sm_90: wgmma_capable).
@@ -53,49 +59,85 @@ namespace kbit {
 namespace {
 
 // Timing probes for experiments only (wrong results): KBIT_WG_PROBE bit 0 skips the decode,
-// bit 1 the wgmmas, bit 2 the proxy fences (scripts/build_variant.sh -DKBIT_WG_PROBE=...).
+// bit 1 the wgmmas, bit 2 the weight copies, bit 3 the x copies (scripts/build_variant.sh
+// -DKBIT_WG_PROBE=...).
 #ifndef KBIT_WG_PROBE
 #define KBIT_WG_PROBE 0
+#endif
+// KBIT_WG_RS = 1: the decoded fragments feed wgmma from registers (A from registers); 0 (the
+// default): they go to shared memory by stmatrix and wgmma reads both operands from there.
+// Measured (H100, k = 4, gateup M = 64): RS 15.2 us, SS see NOTES.md (v11).
+#ifndef KBIT_WG_RS
+#define KBIT_WG_RS 0
 #endif
 // Timeline hook for scripts/wgmma_timeline.cu (empty in the library): point p of step s.
 #ifndef KBIT_WG_MARK
 #define KBIT_WG_MARK(s, p)
 #endif
 
-constexpr int kStepK = 64;                         // k values per step: one tiled64 k-tile
-// cp.async stages (steps in flight): 8, 4 with 4 warpgroups (shared memory)
-#ifndef KBIT_WG_STAGES
-#define KBIT_WG_STAGES 4  // 8 and 12 measured no faster (NOTES.md v10)
-#endif
-template <int WG> constexpr int kStagesOf = WG == 4 ? 4 : KBIT_WG_STAGES;
-constexpr int kTokTile = 64;                       // tokens per warpgroup (the wgmma M)
-constexpr int kXTileBytes = kTokTile * kStepK * 2; // one warpgroup's x tile
+constexpr int kStepK = 64;      // k values per step: one tiled64 k-tile
+constexpr int kWgRows = 64;     // weight rows per warpgroup (the wgmma M)
+constexpr int kMaxStages = 16;  // shared stages (steps in flight) at most
+constexpr int kMaxSplits = 8;   // CTAs per cluster (portable limit)
+constexpr uint32_t kTableAlign = 64 * 1024;  // the PRMT addressing needs bytes 0-1 of the base zero
 
-template <int BN> constexpr int kWTileBytes = BN * kStepK * 2;
+// Private per-lane codebook table: k = 2..4: 2^(2k) entries (a byte of two interleaved k-bit
+// indices) of 256 bytes (lane L's pair at L * 4; the upper half unused); k = 5: 1024 entries
+// (low byte as for k = 4, 2 high bits) at lo * 256 + hi * 64 + (L % 16) * 4.
+template <int K_BITS> constexpr uint32_t kTableBytes = K_BITS == 5 ? 64 * 1024 : 256u << (2 * K_BITS);
 
-// Dynamic shared memory: 2 decoded weight tiles, kStages stages (x tiles of the CTA's
-// warpgroups, packed words, absmax with room for fp32), codebook + spread table.
-template <int K_BITS, int BN, int WG>
-struct Layout {
-  static constexpr int x_bytes = WG * kXTileBytes;          // 1024-aligned (128B swizzle atoms)
-  static constexpr int packed_bytes = BN * 2 * K_BITS * 4;  // a multiple of 128 (BN >= 32)
-  static constexpr int absmax_bytes = BN * 2 * 4;
-  static constexpr int stage_bytes = (x_bytes + packed_bytes + absmax_bytes + 1023) / 1024 * 1024;
-  static constexpr int stage0 = 2 * kWTileBytes<BN>;         // a multiple of 1024
-  static constexpr int tables = stage0 + kStagesOf<WG> * stage_bytes;
-  static constexpr int bars = tables + 32 * 4 + 16 * 4;     // kStages mbarriers
-  // + 1024: the kernel aligns the dynamic shared window to 1024 bytes itself
-  static constexpr int total = bars + kStagesOf<WG> * 8 + 1024;
+// Independent accumulator sets per warpgroup (registers: TN / 2 each).
+template <int TN, int WG> constexpr int kAccSets = TN * (WG == 1 ? 1 : 2) <= 64 ? 4 : TN * (WG == 1 ? 1 : 2) <= 128 ? 2 : 1;
+
+// Bytes of one stage and of the split-K reduction tile.
+template <int K_BITS, int TN, int WG>
+struct Shape {
+  static constexpr int rows = kWgRows * WG;
+  static constexpr int x_bytes = TN * kStepK * 2;          // a multiple of 1024 (swizzle atoms)
+  static constexpr int packed_bytes = rows * 2 * K_BITS * 4;
+  static constexpr int absmax_bytes = rows * 2 * 4;         // room for fp32 scales
+  static constexpr uint32_t stage_bytes = (x_bytes + packed_bytes + absmax_bytes + 1023) / 1024 * 1024;
+  static constexpr int red_stride = rows + 4;               // floats per token row (bank spread)
+  static constexpr uint32_t red_bytes = uint32_t(TN) * red_stride * 4;
+  // decoded weight tiles (SS mode): 2 per warpgroup, 64 rows x 64 k in core matrices
+  static constexpr uint32_t atile_bytes = KBIT_WG_RS ? 0 : uint32_t(WG) * 2 * kWgRows * kStepK * 2;
 };
+
+// Shared-memory layout, absolute shared addresses from the start of dynamic shared memory
+// (`base`): stages in front of the 64 KB aligned table as far as they fit, the others behind
+// it; then the E4M4 scale table and the mbarriers. The reduction tile (after the main loop)
+// reuses the front stages if it fits there, else the back ones.
+struct RsLayout {
+  uint32_t front, back, table, red, atiles, scales, bars, end;
+  int n_front;
+  __host__ __device__ uint32_t stage(int i, uint32_t stage_bytes) const {
+    return i < n_front ? front + i * stage_bytes : back + (i - n_front) * stage_bytes;
+  }
+};
+__host__ __device__ inline RsLayout rs_layout(uint32_t base, uint32_t stage_bytes, int stages, uint32_t table_bytes,
+                                              uint32_t red_bytes, uint32_t atile_bytes) {
+  RsLayout l;
+  l.front = (base + 1023) & ~1023u;
+  l.table = (base + kTableAlign - 1) & ~(kTableAlign - 1);
+  const uint32_t room = l.table - l.front;
+  l.n_front = min(stages, int(room / stage_bytes));
+  l.back = (l.table + table_bytes + 1023) & ~1023u;
+  uint32_t e = l.back + uint32_t(stages - l.n_front) * stage_bytes;
+  if (red_bytes <= room) {
+    l.red = l.front;
+  } else {
+    l.red = l.back;
+    e = max(e, l.back + red_bytes);
+  }
+  l.atiles = e;
+  l.scales = e + atile_bytes;
+  l.bars = l.scales + 256 * 4;
+  l.end = l.bars + 16 * stages;
+  return l;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Orders this thread's generic-proxy shared accesses with later async-proxy ones (wgmma
-// operand reads, TMA writes) once a barrier follows.
-__device__ __forceinline__ void fence_proxy_async() {
-  if (!(KBIT_WG_PROBE & 4)) KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
 __device__ __forceinline__ void wgmma_fence() { KBIT_WGMMA_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { KBIT_WGMMA_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -109,16 +151,31 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
+// Consumer warps only (named barrier 1; the producer warp never waits on it).
+template <int THREADS>
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(THREADS) : "memory");
+}
 
-// Shared-memory matrix descriptors, K-major. Decoded weights: no swizzle, LBO 128 bytes (K),
-// SBO 1024 (rows). x tiles as the TMA writes them with 128-byte swizzle (row r's 16-byte chunk c
-// at r * 128 + (c ^ r % 8) * 16, tile 1024-aligned): SBO 1024 (8 rows), LBO unused, mode 1; a
-// k16 slice starts 32 bytes further (the swizzle applies to the final address bits).
+// Shared-memory descriptor of a K-major operand in the TMA's 128-byte swizzle (row r's 16-byte
+// chunk c at r * 128 + (c ^ r % 8) * 16, tile 1024-aligned): SBO 1024 (8 rows), LBO unused,
+// mode 1; a k16 slice starts 32 bytes further (the swizzle applies to the final address bits).
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// Descriptor of a K-major operand without swizzle: core matrices (8 rows x 16 bytes) of 128
+// contiguous bytes, K-adjacent ones 128 bytes apart (LBO), row-adjacent ones 1024 (SBO).
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(1024 >> 4) << 32);
 }
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+// Four 8x8 matrices of 16-bit values from mma fragments (register m = matrix m) to shared
+// memory; lane i gives the address of row i % 8 of matrix i / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  KBIT_WGMMA_ASM("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+                 "r"(r[2]), "r"(r[3]) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // 2-D tensor copy (TMA) of the box at (c0 = k, c1 = token) into shared memory, completing on bar.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
@@ -127,236 +184,413 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
-#define KBIT_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
-                     "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-
-// D[64 tokens, BN] += A[64 tokens, 16 k] * B[BN rows, 16 k]^T (A = x, B = decoded W); TY is the
-// PTX type of both operands ("f16" or "bf16").
-#define KBIT_WGMMA_N64(TY)                                                                        \
-  KBIT_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY \
-                 "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
-                 "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, " \
-                 "0, 0;\n}"                                                                      \
-                 : KBIT_ACC8(0), KBIT_ACC8(8), KBIT_ACC8(16), KBIT_ACC8(24)                       \
-                 : "l"(da), "l"(db), "r"(1))
-#define KBIT_WGMMA_N32(TY)                                                                        \
-  KBIT_WGMMA_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." TY \
-                 "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, " \
-                 "p, 1, 1, 0, 0;\n}"                                                             \
-                 : KBIT_ACC8(0), KBIT_ACC8(8)                                                     \
-                 : "l"(da), "l"(db), "r"(1))
-template <typename T, int BN>
-__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint64_t db) {
-  static_assert(BN == 32 || BN == 64, "BN is 32 or 64");
+// D[64 rows, TN] += A[64 rows, 16 k] (registers a[0..3]) * B[16 k, TN] (descriptor db), TY
+// the PTX type of both operands ("f16" or "bf16"), B K-major (no transpose). The operand
+// lists ("%0, ..., %R-1" accumulators, then the 4 A registers and the descriptor) are
+// spelled out per tile width.
+#define KBIT_A8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
+                   "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define KBIT_A32(i) KBIT_A8(i), KBIT_A8(i + 8), KBIT_A8(i + 16), KBIT_A8(i + 24)
+#define KBIT_WGMMA_RS(TN_, TY, LIST, ...)                                                  \
+  KBIT_WGMMA_ASM("wgmma.mma_async.sync.aligned.m64n" #TN_ "k16.f32." TY "." TY " " LIST ", 1, 1, 1, 0;" \
+                 : __VA_ARGS__                                                              \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db))
+#define KBIT_RS_LIST32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, " \
+  "%19}, %20"
+#define KBIT_RS_LIST64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36"
+#define KBIT_RS_LIST128 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68"
+#define KBIT_RS_LIST256 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+  "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
+  "%123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132"
+#define KBIT_WGMMA_SS(TN_, TY, LIST, ...)                                                  \
+  KBIT_WGMMA_ASM("wgmma.mma_async.sync.aligned.m64n" #TN_ "k16.f32." TY "." TY " " LIST ", 1, 1, 1, 0, 0;" \
+                 : __VA_ARGS__                                                              \
+                 : "l"(da), "l"(db))
+#define KBIT_SS_LIST32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17"
+#define KBIT_SS_LIST64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33"
+#define KBIT_SS_LIST128 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65"
+#define KBIT_SS_LIST256 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+  "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
+  "%123, %124, %125, %126, %127}, %128, %129"
+template <typename T, int TN>
+__device__ __forceinline__ void wgmma_rs(float (&d)[TN / 2], const uint32_t (&a)[4], uint64_t db) {
   constexpr bool kHalf = std::is_same<T, __half>::value;
-  if constexpr (BN == 64) {
-    if constexpr (kHalf) KBIT_WGMMA_N64("f16");
-    else KBIT_WGMMA_N64("bf16");
+  if constexpr (TN == 32) {
+    if constexpr (kHalf) KBIT_WGMMA_RS(32, "f16", KBIT_RS_LIST32, KBIT_A8(0), KBIT_A8(8));
+    else KBIT_WGMMA_RS(32, "bf16", KBIT_RS_LIST32, KBIT_A8(0), KBIT_A8(8));
+  } else if constexpr (TN == 64) {
+    if constexpr (kHalf) KBIT_WGMMA_RS(64, "f16", KBIT_RS_LIST64, KBIT_A32(0));
+    else KBIT_WGMMA_RS(64, "bf16", KBIT_RS_LIST64, KBIT_A32(0));
+  } else if constexpr (TN == 128) {
+    if constexpr (kHalf) KBIT_WGMMA_RS(128, "f16", KBIT_RS_LIST128, KBIT_A32(0), KBIT_A32(32));
+    else KBIT_WGMMA_RS(128, "bf16", KBIT_RS_LIST128, KBIT_A32(0), KBIT_A32(32));
   } else {
-    if constexpr (kHalf) KBIT_WGMMA_N32("f16");
-    else KBIT_WGMMA_N32("bf16");
+    static_assert(TN == 256, "TN is 32, 64, 128 or 256");
+    if constexpr (kHalf) KBIT_WGMMA_RS(256, "f16", KBIT_RS_LIST256, KBIT_A32(0), KBIT_A32(32), KBIT_A32(64), KBIT_A32(96));
+    else KBIT_WGMMA_RS(256, "bf16", KBIT_RS_LIST256, KBIT_A32(0), KBIT_A32(32), KBIT_A32(64), KBIT_A32(96));
   }
 }
-#undef KBIT_WGMMA_N64
-#undef KBIT_WGMMA_N32
-#undef KBIT_ACC8
-
-template <typename T, int K_BITS, int BN, int WG>
-__global__ void __launch_bounds__(WG * 128 + 32) wgmma_kernel(
-    const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
-    const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K,
-    float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
-  using L = Layout<K_BITS, BN, WG>;
-  constexpr int kThreads = WG * 128;  // the consumer warpgroups; one more warp (the producer,
-  // tid >= kThreads) only issues the copies, off the decode's critical path
-  constexpr int kStages = kStagesOf<WG>;
-  constexpr int kGroups = BN * 8 / kThreads;  // 8-value groups a thread decodes per step
-  static_assert(kGroups >= 1 && BN * 8 % kThreads == 0, "BN x 64 tile must split evenly");
-  extern __shared__ __align__(1024) char smem_raw[];
-  // the x tiles need 1024-byte alignment (128B swizzle atoms); the launch adds 1024 bytes
-  char* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  const int tid = threadIdx.x;
-  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * (kTokTile * WG);
-  const int KT = (K + kStepK - 1) / kStepK;
-  const int esize = fmt == KBIT_ABSMAX_E4M4 ? 1 : fmt == KBIT_ABSMAX_F16 ? 2 : 4;
-  const uint32_t bar0 = smem_u32(smem + L::bars);
-
-  // Codebook and spread table (spread[v]: bit j of the 4-bit v at bit 8j + 2, so OR-ing
-  // spread[nibble of plane b] << b gives 4 * index of element j in byte j; kbit/dequantize).
-  float* cb = reinterpret_cast<float*>(smem + L::tables);
-  uint32_t* spread = reinterpret_cast<uint32_t*>(smem + L::tables + 128);
-  if (tid < (1 << K_BITS)) cb[tid] = codebook[tid];
-  if (tid < 16) {
-    uint32_t s = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) s |= ((uint32_t(tid) >> j) & 1u) << (8 * j + 2);
-    spread[tid] = s;
+// The same with A from shared memory (descriptor da: no swizzle, K-major).
+template <typename T, int TN>
+__device__ __forceinline__ void wgmma_ss(float (&d)[TN / 2], uint64_t da, uint64_t db) {
+  constexpr bool kHalf = std::is_same<T, __half>::value;
+  if constexpr (TN == 32) {
+    if constexpr (kHalf) KBIT_WGMMA_SS(32, "f16", KBIT_SS_LIST32, KBIT_A8(0), KBIT_A8(8));
+    else KBIT_WGMMA_SS(32, "bf16", KBIT_SS_LIST32, KBIT_A8(0), KBIT_A8(8));
+  } else if constexpr (TN == 64) {
+    if constexpr (kHalf) KBIT_WGMMA_SS(64, "f16", KBIT_SS_LIST64, KBIT_A32(0));
+    else KBIT_WGMMA_SS(64, "bf16", KBIT_SS_LIST64, KBIT_A32(0));
+  } else if constexpr (TN == 128) {
+    if constexpr (kHalf) KBIT_WGMMA_SS(128, "f16", KBIT_SS_LIST128, KBIT_A32(0), KBIT_A32(32));
+    else KBIT_WGMMA_SS(128, "bf16", KBIT_SS_LIST128, KBIT_A32(0), KBIT_A32(32));
+  } else {
+    static_assert(TN == 256, "TN is 32, 64, 128 or 256");
+    if constexpr (kHalf) KBIT_WGMMA_SS(256, "f16", KBIT_SS_LIST256, KBIT_A32(0), KBIT_A32(32), KBIT_A32(64), KBIT_A32(96));
+    else KBIT_WGMMA_SS(256, "bf16", KBIT_SS_LIST256, KBIT_A32(0), KBIT_A32(32), KBIT_A32(64), KBIT_A32(96));
   }
-  const char* cb_bytes = reinterpret_cast<const char*>(cb);
+}
+#undef KBIT_WGMMA_SS
+#undef KBIT_WGMMA_RS
+#undef KBIT_A32
+#undef KBIT_A8
 
-  // Rows n0 + rows .. n0 + BN - 1 are past N: their packed words and absmax stay zero in every
-  // stage (decoded to 0), the copies bring only the first `rows`.
-  const int rows = min(BN, N - n0);  // a multiple of 8 (N % 8 == 0)
+// The block scale as a packed pair in T (without the per-tensor power of two): E4M4 from the
+// shared table (exact in fp16 and bf16), fp16 and fp32 converted once.
+template <typename T>
+__device__ __forceinline__ uint32_t scale_pair_of(const char* pa, int blk, int fmt, uint32_t scales_sh) {
+  if (fmt == KBIT_ABSMAX_E4M4) return lds32(scales_sh + uint32_t(reinterpret_cast<const uint8_t*>(pa)[blk]) * 4);
+  if (fmt == KBIT_ABSMAX_F16) {
+    const unsigned short h = reinterpret_cast<const unsigned short*>(pa)[blk];
+    if constexpr (std::is_same<T, __half>::value) return uint32_t(h) | (uint32_t(h) << 16);
+    const float f = __half2float(__ushort_as_half(h));
+    return Pair<T>::pack(f, f);
+  }
+  const float f = reinterpret_cast<const float*>(pa)[blk];
+  return Pair<T>::pack(f, f);
+}
+
+// Value index (0 .. 2^k - 1) of the first (h = 0) or second (h = 1) value of table entry e:
+// k = 2..4: bits h, h + 2, h + 4, ... of e; k = 5: the same of the low byte, bit 4 from bit
+// 8 + h of e (e = lo | hi << 8, hi as the address's bits 6-7 >> 6).
+template <int K_BITS>
+__device__ __forceinline__ int value_index(uint32_t e, int h) {
+  int v = 0;
+#pragma unroll
+  for (int b = 0; b < (K_BITS < 4 ? K_BITS : 4); b++) v |= int((e >> (2 * b + h)) & 1u) << b;
+  if (K_BITS == 5) v |= int((e >> (8 + h)) & 1u) << 4;
+  return v;
+}
+
+template <typename T, int K_BITS, int TN, int WG>
+__global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
+    const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
+    const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K, int stages,
+    int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
+  using S = Shape<K_BITS, TN, WG>;
+  constexpr int kThreads = WG * 128;  // consumers; the producer warp is tid >= kThreads
+  extern __shared__ __align__(1024) char smem_raw[];
+  const uint32_t base = smem_u32(smem_raw);
+  const RsLayout lay =
+      rs_layout(base, S::stage_bytes, stages, kTableBytes<K_BITS>, splits > 1 ? S::red_bytes : 0, S::atile_bytes);
+  {
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (lay.end - base > dyn) __trap();  // launcher bug
+  }
+  char* const gen = smem_raw - base;  // generic pointer of shared address 0 (+ address)
+  const int tid = threadIdx.x;
+  const int n0 = blockIdx.x * S::rows, m0 = blockIdx.y * TN;
+  const int KT = (K + kStepK - 1) / kStepK;
+  const int per = (KT + splits - 1) / splits;
+  const int kt0 = int(blockIdx.z) * per;
+  const int steps = max(0, min(per, KT - kt0));
+  const int esize = fmt == KBIT_ABSMAX_E4M4 ? 1 : fmt == KBIT_ABSMAX_F16 ? 2 : 4;
+  const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages;
+
+  // Rows n0 + rows .. are past N: their words and absmax stay zero in every stage (decoded to
+  // 0); the copies bring only the first `rows` (a multiple of 8: N % 8 == 0).
+  const int rows = min(S::rows, N - n0);
   const uint32_t p_bytes = rows * 8 * K_BITS, a_bytes = rows * 2 * esize;  // multiples of 16
-  if (rows < BN) {
-    for (int i = tid; i < kStages * (L::packed_bytes + L::absmax_bytes) / 16; i += kThreads + 32) {
-      const int st = i / ((L::packed_bytes + L::absmax_bytes) / 16), o = i % ((L::packed_bytes + L::absmax_bytes) / 16) * 16;
-      *reinterpret_cast<uint4*>(smem + L::stage0 + st * L::stage_bytes + L::x_bytes + o) = make_uint4(0u, 0u, 0u, 0u);
-    }
+  if (rows < S::rows) {
+    constexpr int kTail = (S::packed_bytes + S::absmax_bytes) / 16;
+    for (int i = tid; i < stages * kTail; i += kThreads + 32)
+      *reinterpret_cast<uint4*>(gen + lay.stage(i / kTail, S::stage_bytes) + S::x_bytes + (i % kTail) * 16) =
+          make_uint4(0u, 0u, 0u, 0u);
   }
   if (tid == 0) {
-    for (int st = 0; st < kStages; st++) mbar_init(bar0 + st * 8, 1);
+    for (int st = 0; st < stages; st++) {
+      mbar_init(full0 + 8 * st, 1);
+      mbar_init(empty0 + 8 * st, WG * 4);  // one arrival per consumer warp
+    }
     mbar_fence_init();
   }
-  const char* psrc = reinterpret_cast<const char*>(packed + int64_t(n0) * 2 * K_BITS);
-  const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize;
-  const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
-  // Thread 0: all copies of step s into stage s % kStages, completing on its mbarrier: the x
-  // tile of each warpgroup (TMA, zeros past M and K), the packed words and absmax (bulk).
-  auto issue = [&](int s) {
-    if (s >= KT) return;
-    const uint32_t st = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes), bar = bar0 + (s % kStages) * 8;
-    fence_proxy_async();  // the stage's earlier generic reads (decode) before the async writes
-    mbar_expect_tx(bar, L::x_bytes + p_bytes + a_bytes);
-#pragma unroll
-    for (int w = 0; w < WG; w++) tma_load_2d(st + w * kXTileBytes, &x_map, s * kStepK, m0 + w * kTokTile, bar);
-    bulk_copy(st + L::x_bytes, psrc + s * p_step, p_bytes, bar);
-    bulk_copy(st + L::x_bytes + L::packed_bytes, asrc + s * a_step, a_bytes, bar);
-  };
-
-  auto decode = [&](int s) {  // weight tile of step s (stage s % kStages) -> tile s & 1
-    if (KBIT_WG_PROBE & 1) return;
-    const char* st = smem + L::stage0 + (s % kStages) * L::stage_bytes;
-    const char* pw = st + L::x_bytes;
-    const char* pa = pw + L::packed_bytes;
-    char* wt = smem + (s & 1) * kWTileBytes<BN>;
-#pragma unroll
-    for (int j = 0; j < kGroups; j++) {
-      // group i: row r = (i % 8) + 8 (i / 64), 8-value column kc = (i / 8) % 8; its core-matrix
-      // row lies at byte 16 i, so a warp's 16-byte stores cover 512 contiguous bytes.
-      const int i = tid + j * kThreads;
-      const int r = (i & 7) | ((i >> 6) << 3), kc = (i >> 3) & 7;
-      const int blk = r * 2 + (kc >> 2), q = kc & 3;
-      uint32_t w[K_BITS];
-      if constexpr (K_BITS == 4) {
-        const uint4 v = *reinterpret_cast<const uint4*>(pw + blk * 16);
-        w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-      } else if constexpr (K_BITS == 2) {
-        const uint2 v = *reinterpret_cast<const uint2*>(pw + blk * 8);
-        w[0] = v.x; w[1] = v.y;
-      } else {
-#pragma unroll
-        for (int b = 0; b < K_BITS; b++) w[b] = reinterpret_cast<const uint32_t*>(pw)[blk * K_BITS + b];
-      }
-      float scale;
-      if (fmt == KBIT_ABSMAX_E4M4) scale = e4m4_decode(reinterpret_cast<const uint8_t*>(pa)[blk]);
-      else if (fmt == KBIT_ABSMAX_F16) scale = __half2float(reinterpret_cast<const __half*>(pa)[blk]);
-      else scale = reinterpret_cast<const float*>(pa)[blk];
-      uint32_t lo = 0, hi = 0;
-#pragma unroll
-      for (int b = 0; b < K_BITS; b++) {
-        const uint32_t byte = w[b] >> (8 * q);
-        lo |= spread[byte & 15u] << b;
-        hi |= spread[(byte >> 4) & 15u] << b;
-      }
-      uint4 v;
-      uint32_t* vv = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const uint32_t offs = e ? hi : lo;
-        const float a = *reinterpret_cast<const float*>(cb_bytes + (offs & 0xffu));
-        const float b = *reinterpret_cast<const float*>(cb_bytes + ((offs >> 8) & 0xffu));
-        const float c = *reinterpret_cast<const float*>(cb_bytes + ((offs >> 16) & 0xffu));
-        const float d = *reinterpret_cast<const float*>(cb_bytes + (offs >> 24));
-        vv[2 * e] = Pair<T>::pack(a * scale, b * scale);
-        vv[2 * e + 1] = Pair<T>::pack(c * scale, d * scale);
-      }
-      *reinterpret_cast<uint4*>(wt + i * 16) = v;
-    }
-  };
-
-  float acc[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
-  const int wg = tid >> 7;
-
   // warp-uniform as far as the compiler can see (a shuffle from lane 0): wgmma in a branch on
   // threadIdx directly is serialized by ptxas ("divergent path", C7518)
-  const bool producer = __shfl_sync(0xffffffffu, tid >> 7, 0) >= WG, issuer = tid == kThreads;
-  __syncthreads();  // tables, zeroed tails, initialised mbarriers
-  if (issuer)
-    for (int s = 0; s < kStages - 1; s++) issue(s);
-  if (!producer) {
-    mbar_wait(bar0, 0);  // step 0
-    decode(0);
-    fence_proxy_async();
-  }
-  __syncthreads();
+  const bool producer = __shfl_sync(0xffffffffu, tid >> 5, 0) >= WG * 4;
+  __syncthreads();  // initialised mbarriers, zeroed tails
 
-  for (int s = 0; s < KT; s++) {
-    KBIT_WG_MARK(s, 0);
-    const uint32_t xa = smem_u32(smem + L::stage0 + (s % kStages) * L::stage_bytes) + wg * kXTileBytes;
-    const uint32_t wb = smem_u32(smem) + (s & 1) * kWTileBytes<BN>;
-    if (!producer) {
-      fence_regs(acc);
-      wgmma_fence();
+  // kSets independent accumulator sets (k16 slice j adds into set j % kSets): consecutive
+  // wgmmas on one accumulator wait for each other (~150 cycles each measured at n64, a
+  // fixed latency much longer than the MMA itself), independent ones overlap.
+  constexpr int kSets = kAccSets<TN, WG>;
+  float acc[kSets][TN / 2];
 #pragma unroll
-      for (int kk = 0; kk < kStepK / 16; kk++)
-        if (!(KBIT_WG_PROBE & 2))
-          wgmma_tile<T, BN>(acc, smem_desc_sw128(xa + kk * 32), smem_desc(wb + kk * 256));
-      wgmma_commit();
-      fence_regs(acc);
-    }
-    if (s + 1 < KT) {
-      if (!producer) {
-        wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done
-        KBIT_WG_MARK(s, 1);
-        mbar_wait(bar0 + ((s + 1) % kStages) * 8, ((s + 1) / kStages) & 1);  // copies of step s + 1
-        KBIT_WG_MARK(s, 2);
+  for (int j = 0; j < kSets; j++)
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) acc[j][i] = 0.f;
+  const int lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7, g = lane >> 2, c = lane & 3;
+
+  if (producer) {
+    if (lane == 0) {
+      const char* psrc = reinterpret_cast<const char*>(packed) + int64_t(n0) * 2 * K_BITS * 4;
+      const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize;
+      const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
+      int slot = 0;
+      uint32_t phase = 0;
+      for (int s = 0; s < steps; s++) {
+        const uint32_t st = lay.stage(slot, S::stage_bytes), full = full0 + 8 * slot;
+        // consumers released it (their reads of the stage completed before their arrivals;
+        // no proxy fence: it compiled to a MEMBAR per step)
+        if (s >= stages) mbar_wait(empty0 + 8 * slot, phase ^ 1);
+        constexpr bool kX = !(KBIT_WG_PROBE & 8), kW = !(KBIT_WG_PROBE & 4);
+        mbar_expect_tx(full, (kX ? S::x_bytes : 0) + (kW ? p_bytes + a_bytes : 0));
+        if (kX) tma_load_2d(st, &x_map, (kt0 + s) * kStepK, m0, full);
+        if (kW) {
+          bulk_copy(st + S::x_bytes, psrc + (kt0 + s) * p_step, p_bytes, full);
+          bulk_copy(st + S::x_bytes + S::packed_bytes, asrc + (kt0 + s) * a_step, a_bytes, full);
+        }
+        if (++slot == stages) {
+          slot = 0;
+          phase ^= 1;
+        }
       }
-      __syncthreads();  // all MMAs of s - 1 done: its stage and weight tile are free
-      KBIT_WG_MARK(s, 3);
-      if (producer) {
-        if (issuer) issue(s + kStages - 1);  // into the stage of step s - 1
-      } else {
-        decode(s + 1);  // into the tile of step s - 1
-        KBIT_WG_MARK(s, 5);
+    }
+  } else {
+    // Tables: the private codebook pairs (consumers fill them while the first copies fly)
+    // and the E4M4 scale pairs. A row of the codebook table holds one entry in every lane's
+    // column (k <= 4: 32 columns of 4 bytes in 256; k = 5: 4 high-bit pairs x 16 columns), so
+    // a thread stores one entry's pair into 4 adjacent columns at once.
+    {
+      constexpr int kChunksPerEntry = K_BITS == 5 ? 4 : 8;  // 16-byte chunks of an entry
+      constexpr int kEntries = K_BITS == 5 ? 1024 : 1 << (2 * K_BITS);  // k = 5: 256 lo x 4 hi
+      constexpr int kEntryBytes = K_BITS == 5 ? 64 : 256;
+#pragma unroll 4
+      for (int u = tid; u < kEntries * kChunksPerEntry; u += kThreads) {
+        const uint32_t e = uint32_t(u / kChunksPerEntry);
+        const uint32_t key = K_BITS == 5 ? (e >> 2) | ((e & 3u) << 8) : e;  // k = 5: e = lo * 4 + hi
+        const uint32_t v = Pair<T>::pack(__ldg(codebook + value_index<K_BITS>(key, 0)),
+                                         __ldg(codebook + value_index<K_BITS>(key, 1)));
+        *reinterpret_cast<uint4*>(gen + lay.table + e * kEntryBytes + (u % kChunksPerEntry) * 16) = make_uint4(v, v, v, v);
+      }
+    }
+    for (int i = tid; i < 256; i += kThreads) {
+      const float f = e4m4_decode(uint32_t(i));
+      *reinterpret_cast<uint32_t*>(gen + lay.scales + 4 * i) = Pair<T>::pack(f, f);
+    }
+    consumer_sync<kThreads>();
+
+    const int r0 = wg * kWgRows + warp * 16 + g;  // CTA-local rows r0, r0 + 8 of this lane
+    const uint32_t lane_base = lay.table | uint32_t(K_BITS == 5 ? (lane & 15) * 4 : lane * 4);
+    uint32_t rot[K_BITS];  // rotate plane b right by 2c - 2b (k = 5, plane 4: 2c - 6)
+#pragma unroll
+    for (int b = 0; b < K_BITS; b++) rot[b] = uint32_t(2 * c - 2 * (b < 4 ? b : 3)) & 31u;
+    int slot = 0;
+    uint32_t phase = 0, prev_empty = 0;
+    // stmatrix row address of this lane in a weight tile (k16 slice 0): matrix m = lane / 8
+    // (0: rows 0-7, k 0-7 = register 0; 1: rows 8-15; 2: k 8-15; 3: both), row lane % 8
+    const uint32_t a_lane = uint32_t(((2 * warp + ((lane >> 3) & 1)) * 8 + (lane >> 4)) * 128 + (lane & 7) * 16);
+    for (int s = 0; s < steps; s++) {
+      const uint32_t st = lay.stage(slot, S::stage_bytes);
+      mbar_wait(full0 + 8 * slot, phase);
+      KBIT_WG_MARK(s, 0);
+      const char* pw = gen + st + S::x_bytes;
+      const char* pa = pw + S::packed_bytes;
+      uint32_t a[4][4];  // [k16 slice][A register]
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++) {
+#pragma unroll
+        for (int b = 0; b < 2; b++) {
+          const int blk = (r0 + 8 * rr) * 2 + b;
+          uint32_t w[K_BITS];
+          if constexpr (K_BITS == 4) {
+            const uint4 v = *reinterpret_cast<const uint4*>(pw + blk * 16);
+            w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+          } else if constexpr (K_BITS == 2) {
+            const uint2 v = *reinterpret_cast<const uint2*>(pw + blk * 8);
+            w[0] = v.x; w[1] = v.y;
+          } else {
+#pragma unroll
+            for (int p = 0; p < K_BITS; p++) w[p] = reinterpret_cast<const uint32_t*>(pw)[blk * K_BITS + p];
+          }
+          const uint32_t s2 = scale_pair_of<T>(pa, blk, fmt, lay.scales);
+          uint32_t n = 0;
+#pragma unroll
+          for (int p = 0; p < (K_BITS < 4 ? K_BITS : 4); p++)
+            n |= __funnelshift_r(w[p], w[p], rot[p]) & (0x03030303u << (2 * p));
+          uint32_t hi = 0;
+          if constexpr (K_BITS == 5) hi = __funnelshift_r(w[4], w[4], rot[4]) & 0xC0C0C0C0u;
+          // byte y: positions 8y + 2c, +1 of the block = slice 2b + y / 2, register rr + 2 (y % 2)
+          if (!(KBIT_WG_PROBE & 1)) {
+            if constexpr (K_BITS == 5) {
+              a[2 * b][rr] = mul2<T>(lds32(entry_addr5<0>(n, hi, lane_base)), s2);
+              a[2 * b][rr + 2] = mul2<T>(lds32(entry_addr5<1>(n, hi, lane_base)), s2);
+              a[2 * b + 1][rr] = mul2<T>(lds32(entry_addr5<2>(n, hi, lane_base)), s2);
+              a[2 * b + 1][rr + 2] = mul2<T>(lds32(entry_addr5<3>(n, hi, lane_base)), s2);
+            } else {
+              a[2 * b][rr] = mul2<T>(lds32(entry_addr<0>(n, lane_base)), s2);
+              a[2 * b][rr + 2] = mul2<T>(lds32(entry_addr<1>(n, lane_base)), s2);
+              a[2 * b + 1][rr] = mul2<T>(lds32(entry_addr<2>(n, lane_base)), s2);
+              a[2 * b + 1][rr + 2] = mul2<T>(lds32(entry_addr<3>(n, lane_base)), s2);
+            }
+          } else {
+            a[2 * b][rr] = a[2 * b][rr + 2] = a[2 * b + 1][rr] = a[2 * b + 1][rr + 2] = n ^ hi ^ s2;
+          }
+        }
+      }
+      KBIT_WG_MARK(s, 1);
+      // SS mode: the fragments go to this warpgroup's weight tile s % 2 (its MMAs of step
+      // s - 2 are done: wait_group 1 at step s - 1), then to the wgmma from shared memory.
+      const uint32_t atile = lay.atiles + uint32_t(wg * 2 + (s & 1)) * (kWgRows * kStepK * 2);
+      if (!KBIT_WG_RS) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) stmatrix_x4(atile + a_lane + j * 256, a[j]);
         fence_proxy_async();
+        asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");  // the warpgroup's 4 warps
       }
-      __syncthreads();
-      KBIT_WG_MARK(s, 6);
-    }
-  }
-  if (producer) return;  // no barrier follows
-  wgmma_wait<0>();
-  fence_regs(acc);
-
-  // Accumulator fragment (per warp of the warpgroup: 16 tokens): acc[4i + 2h + e] is token
-  // 16 * warp + g + 8h, weight row 8i + 2c + e (g = lane / 4, c = lane % 4).
-  const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
-  for (int i = 0; i < BN / 8; i++) {
-    const int n = n0 + 8 * i + 2 * c;
-    if (n >= N) continue;
-    float b0 = 0.f, b1 = 0.f;
-    if (bias != nullptr) {
-      b0 = to_float(bias[n]);
-      b1 = to_float(bias[n + 1]);
+      for (int j = 0; j < kSets; j++) fence_regs(acc[j]);
+      wgmma_fence();
+      if (!(KBIT_WG_PROBE & 2)) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          if (KBIT_WG_RS) wgmma_rs<T, TN>(acc[j % kSets], a[j], smem_desc_sw128(st + j * 32));
+          else wgmma_ss<T, TN>(acc[j % kSets], smem_desc(atile + j * 256), smem_desc_sw128(st + j * 32));
+        }
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int j = 0; j < kSets; j++) fence_regs(acc[j]);
+      wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done: release its stage
+      KBIT_WG_MARK(s, 2);
+      if (s > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev_empty);
+      prev_empty = uint32_t(slot);
+      if (++slot == stages) {
+        slot = 0;
+        phase ^= 1;
+      }
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < kSets; j++) fence_regs(acc[j]);
+#pragma unroll
+    for (int j = 1; j < kSets; j++)
+#pragma unroll
+      for (int i = 0; i < TN / 2; i++) acc[0][i] += acc[j][i];
+  }
+
+  // Accumulator fragment: acc[0][4i + 2h + e] is weight row r0 + 8h, token 8i + 2c + e.
+  const int r0 = wg * kWgRows + warp * 16 + g;
+  if (splits == 1) {
+    if (producer) return;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      const int tok = m0 + wg * kTokTile + warp * 16 + g + 8 * h;
-      if (tok < M)
-        *reinterpret_cast<uint32_t*>(out + int64_t(tok) * ldo + n) =
-            Pair<T>::pack(acc[4 * i + 2 * h] * shift_up + b0, acc[4 * i + 2 * h + 1] * shift_up + b1);
+      const int n = n0 + r0 + 8 * h;
+      if (n >= N) continue;
+      const float bv = bias != nullptr ? to_float(bias[n]) : 0.f;
+#pragma unroll
+      for (int i = 0; i < TN / 8; i++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int tok = m0 + 8 * i + 2 * c + e;
+          if (tok < M) out[int64_t(tok) * ldo + n] = from_float<T>(acc[0][4 * i + 2 * h + e] * shift_up + bv);
+        }
+      }
+    }
+    return;
+  }
+  // Split K: this CTA's fp32 tile [TN tokens][rows] into shared memory, then CTA z of the
+  // cluster adds tokens t with t % splits == z over the cluster's CTAs and writes them.
+  float* red = reinterpret_cast<float*>(gen + lay.red);
+  if (!producer) {
+    if (WG > 1) consumer_sync<kThreads>();  // the tile overlays stages the other warpgroups may still read
+#pragma unroll
+    for (int i = 0; i < TN / 8; i++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) red[(8 * i + 2 * c + e) * S::red_stride + r0 + 8 * h] = acc[0][4 * i + 2 * h + e];
+  }
+  cluster_sync();
+  const int z = int(blockIdx.z);
+  const int my_tokens = (TN - z + splits - 1) / splits;
+  const bool vec_out = (reinterpret_cast<uintptr_t>(out) % 16 == 0) && ldo % 8 == 0;
+  for (int u = tid; u < my_tokens * (S::rows / 8); u += kThreads + 32) {
+    const int t = z + (u / (S::rows / 8)) * splits, q = u % (S::rows / 8);
+    const int tok = m0 + t, n = n0 + 8 * q;
+    if (tok >= M || n >= N) continue;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const uint32_t off = lay.red + uint32_t(t * S::red_stride + 8 * q) * 4;
+    for (int r = 0; r < splits; r++) {
+      const float4 p0 = ld_cluster_f32x4(off, uint32_t(r)), p1 = ld_cluster_f32x4(off + 16, uint32_t(r));
+      v[0] += p0.x; v[1] += p0.y; v[2] += p0.z; v[3] += p0.w;
+      v[4] += p1.x; v[5] += p1.y; v[6] += p1.z; v[7] += p1.w;
+    }
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float b0 = 0.f, b1 = 0.f;
+      if (bias != nullptr) {
+        b0 = to_float(bias[n + 2 * j]);
+        b1 = to_float(bias[n + 2 * j + 1]);
+      }
+      o[j] = Pair<T>::pack(v[2 * j] * shift_up + b0, v[2 * j + 1] * shift_up + b1);
+    }
+    T* dst = out + int64_t(tok) * ldo + n;
+    if (vec_out) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const T* pr = reinterpret_cast<const T*>(&o[j]);
+        dst[2 * j] = pr[0];
+        dst[2 * j + 1] = pr[1];
+      }
     }
   }
+  cluster_sync();  // no CTA leaves while the others read its tile
 }
 
-// Configuration forced by kbit_wgmma_force_config (tests, sweeps): BN (32, 64) and WG (1, 2,
-// 4); 0 = automatic.
-int& forced_bn() { static int v = 0; return v; }
+// Configuration forced by kbit_wgmma_force_config (tests, sweeps): TN (32, 64, 128, 256), WG
+// (1, 2; TN = 256 only with 1), splits (1..8); 0 = automatic.
+int& forced_tn() { static int v = 0; return v; }
 int& forced_wg() { static int v = 0; return v; }
+int& forced_splits() { static int v = 0; return v; }
 
 // cuTensorMapEncodeTiled from the driver (no link against libcuda), or null.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -396,57 +630,89 @@ bool wgmma_capable(int device) {
 #endif
 }
 
-// (BN, WG) of a call: WG warpgroups cover up to 64 * WG tokens per CTA; BN = 32 when BN = 64
-// leaves more than a third of the SMs idle.
-void choose(int device, int64_t M, int64_t N, int& bn, int& wg) {
-  wg = M <= 64 ? 1 : M <= 128 ? 2 : 4;
+// (TN, WG, splits) of a call: the token tile TN covers M where it can (wgmma N: 32..256); two
+// warpgroups per CTA (x shared by 128 weight rows) once the tiles fill the SMs twice; K split
+// over a cluster of up to 8 CTAs while the tiles leave SMs idle (at least 2 steps per CTA).
+void choose(int device, int64_t M, int64_t N, int64_t K, int& tn, int& wg, int& splits) {
+  const int64_t sms = device_info(device).sms;
+  tn = M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256;
+  if (forced_tn() != 0) tn = forced_tn();
+  wg = ceil_div(M, tn) * ceil_div(N, 128) >= 2 * sms ? 2 : 1;
   if (forced_wg() != 0) wg = forced_wg();
-  const int64_t mtiles = ceil_div(M, 64 * wg);
-  bn = (wg < 4 && ceil_div(N, 64) * mtiles * 3 < int64_t(device_info(device).sms) * 2) ? 32 : 64;
-  if (forced_bn() != 0) bn = forced_bn();
-  if (bn == 32 && wg == 4) wg = 2;  // BN = 32 x 64 groups do not split over 512 threads
+  if (wg == 2 && tn == 256) tn = 128;  // not instantiated (registers)
+  const int64_t tiles = ceil_div(M, tn) * ceil_div(N, 64 * wg), kt = ceil_div(K, kStepK);
+  int64_t sp = sms / tiles;
+  sp = sp < 1 ? 1 : sp > kMaxSplits ? kMaxSplits : sp;
+  while (sp > 1 && kt < 2 * sp) sp--;
+  splits = int(sp);
+  if (forced_splits() != 0) splits = forced_splits();
 }
 
-template <typename T, int K_BITS, int BN, int WG>
+// Stages that fit the device's shared memory for this configuration (0: none).
+template <typename T, int K_BITS, int TN, int WG>
+int stages_for(int device, int splits, uint32_t& bytes) {
+  using S = Shape<K_BITS, TN, WG>;
+  const DeviceInfo& d = device_info(device);
+  for (int st = kMaxStages; st >= 2; st--) {
+    const RsLayout l = rs_layout(uint32_t(d.smem_reserved), S::stage_bytes, st, kTableBytes<K_BITS>,
+                                 splits > 1 ? S::red_bytes : 0, S::atile_bytes);
+    bytes = l.end - uint32_t(d.smem_reserved);
+    if (int64_t(bytes) <= d.smem_optin) return st;
+  }
+  return 0;
+}
+
+template <typename T, int K_BITS, int TN, int WG>
 cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M, int64_t ldx,
                        const int32_t* packed, const void* absmax, int fmt, const float* codebook,
-                       int64_t N, int64_t K, int exponent, const void* bias, void* out, int64_t ldo) {
-  constexpr auto kernel = wgmma_kernel<T, K_BITS, BN, WG>;
-  constexpr int smem = Layout<K_BITS, BN, WG>::total;
-  static cudaError_t attr_err[64];
-  static bool attr_done[64] = {};
-  if (!attr_done[device]) {
-    attr_err[device] = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    attr_done[device] = true;
+                       int64_t N, int64_t K, int splits, int exponent, const void* bias, void* out, int64_t ldo) {
+  constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG>;
+  uint32_t smem = 0;
+  const int stages = stages_for<T, K_BITS, TN, WG>(device, splits, smem);
+  if (stages == 0 || splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
+  static uint32_t attr_bytes[64] = {};
+  if (attr_bytes[device] < smem) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+    attr_bytes[device] = smem;
   }
-  if (attr_err[device] != cudaSuccess) return attr_err[device];
-  // x as a 2-D tensor [M, K] (row stride ldx) read in boxes of 64 k x 64 tokens with 128-byte
+  // x as a 2-D tensor [M, K] (row stride ldx) read in boxes of 64 k x TN tokens with 128-byte
   // swizzle; out-of-range elements (tokens >= M, k >= K) arrive as zeros.
   CUtensorMap x_map;
   const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(M)}, strides[1] = {cuuint64_t(ldx) * 2};
-  const cuuint32_t box[2] = {kStepK, kTokTile}, elem_strides[2] = {1, 1};
+  const cuuint32_t box[2] = {kStepK, TN}, elem_strides[2] = {1, 1};
   const CUresult r = tensor_map_encoder()(
       &x_map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
       const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
-  const dim3 grid(unsigned(ceil_div(N, BN)), unsigned(ceil_div(M, kTokTile * WG)));
-  kernel<<<grid, WG * 128 + 32, smem, stream>>>(
-      x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K), ldexpf(1.f, exponent),
-      static_cast<const T*>(bias), static_cast<T*>(out), ldo);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), unsigned(splits));
+  cfg.blockDim = dim3(WG * 128 + 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = unsigned(splits);
+  cfg.attrs = attr;
+  cfg.numAttrs = splits > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K), stages, splits,
+                            ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo);
 }
 
 template <typename T, int K_BITS>
 cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, int64_t ldx,
                         const int32_t* p, const void* a, int fmt, const float* cb, int64_t N,
                         int64_t K, int e, const void* bias, void* out, int64_t ldo) {
-  int bn, wg;
-  choose(device, M, N, bn, wg);
-#define KBIT_WG_CASE(BN_, WG_)                                                                    \
-  if (bn == BN_ && wg == WG_)                                                                     \
-    return launch_cfg<T, K_BITS, BN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-  KBIT_WG_CASE(32, 1) KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(64, 4)
+  int tn, wg, splits;
+  choose(device, M, N, K, tn, wg, splits);
+#define KBIT_WG_CASE(TN_, WG_)                                                                    \
+  if (tn == TN_ && wg == WG_)                                                                     \
+    return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo);
+  KBIT_WG_CASE(32, 1) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(128, 1) KBIT_WG_CASE(256, 1)
+  KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2)  // (256, 2): ptxas serializes its wgmmas (C7512)
 #undef KBIT_WG_CASE
   return cudaErrorInvalidValue;
 }
@@ -456,9 +722,10 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
 
 extern "C" int kbit_wgmma_available(int device) { return kbit::wgmma_capable(device) ? 1 : 0; }
 
-extern "C" void kbit_wgmma_force_config(int bn, int wg) {
-  kbit::forced_bn() = bn;
+extern "C" void kbit_wgmma_force_config(int tn, int wg, int splits) {
+  kbit::forced_tn() = tn;
   kbit::forced_wg() = wg;
+  kbit::forced_splits() = splits;
 }
 
 extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
@@ -471,9 +738,9 @@ extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, in
   if (M == 0 || N == 0) return cudaSuccess;
   if (!wgmma_capable(device)) return cudaErrorNotSupported;
   const auto misaligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a != 0; };
-  if (N % 8 || K % 8 || ldx % 8 || ldo % 2 || N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31) ||
+  if (N % 8 || K % 8 || ldx % 8 || N >= (int64_t(1) << 31) || K >= (int64_t(1) << 31) ||
       M >= (int64_t(1) << 31) || misaligned(x, 16) || misaligned(packed, 16) || misaligned(absmax, 16) ||
-      misaligned(out, 4) || absmax_format < 0 || absmax_format > 2)
+      absmax_format < 0 || absmax_format > 2)
     return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   auto by_k = [&](auto t) -> cudaError_t {

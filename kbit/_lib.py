@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 F32, F16, BF16 = 0, 1, 2
 DTYPE_CODES = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 ABSMAX_CODES = {"e4m4": 0, "fp16": 1, "fp32": 2}
@@ -55,7 +55,7 @@ _SIGNATURES = {
         _c_int,
     ),
     "kbit_wgmma_available": ([_c_int], _c_int),
-    "kbit_wgmma_force_config": ([_c_int, _c_int], None),
+    "kbit_wgmma_force_config": ([_c_int, _c_int, _c_int], None),
     "kbit_mma_max_x_bytes": ([], _c_int),
     "kbit_mma_smem_bytes": ([_c_int, _c_int, _c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], ctypes.c_int64),
     "kbit_device_smem_optin": ([_c_int], _c_int),

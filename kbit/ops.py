@@ -372,7 +372,7 @@ __all__ = [
 #          staged in shared memory: whole, or (sm_90+) split over K between the CTAs of a
 #          cluster (mma_supports());
 #   wgmma: tiled GEMM on Hopper's warpgroup MMA (compute capability 9.0 only), any M, the
-#          weight tile decoded once per CTA into shared memory (wgmma_supports()).
+#          weights decoded into the wgmma's A registers, x read by TMA (wgmma_supports()).
 # Each has a functional form and an `_out` form writing into a caller-provided [M, N] tensor.
 
 GEMV_MAX_M = 4
@@ -425,11 +425,12 @@ def _wgmma_available(index: int) -> bool:
     return _wgmma_ok[index]
 
 
-def force_wgmma_config(bn: int = 0, wg: int = 0) -> None:
-    """Tests and experiments: make every wgmma launch use BN weight rows (32, 64) and WG
-    warpgroups (1, 2, 4) per CTA; 0 = automatic."""
+def force_wgmma_config(tn: int = 0, wg: int = 0, splits: int = 0) -> None:
+    """Tests and experiments: make every wgmma launch use TN tokens (32, 64, 128, 256) and WG
+    warpgroups of 64 weight rows (1, 2; TN = 256 only with 1) per CTA, and split K over a
+    cluster of `splits` CTAs (1..8); 0 = automatic."""
     if _lib.available():
-        _lib._lib.kbit_wgmma_force_config(int(bn), int(wg))
+        _lib._lib.kbit_wgmma_force_config(int(tn), int(wg), int(splits))
 
 
 def _device_index(device) -> int:
@@ -507,11 +508,9 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
     if x.stride(-1) != 1:
         x = x.contiguous()
     target = out
-    if cfn == "kbit_wgmma":  # 16-byte aligned x rows, 4-byte aligned output pairs
+    if cfn == "kbit_wgmma":  # 16-byte aligned x rows (TMA); any output alignment
         if x.data_ptr() % 16 or x.stride(0) % 8:
             x = x.clone(memory_format=torch.contiguous_format)
-        if out.data_ptr() % 4:  # contiguous (_check_out) with N % 8 == 0: rows stay aligned
-            out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     dev, stream = _lib.stream_of(x)
     rc = getattr(lib, cfn)(
         dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),

@@ -1,6 +1,6 @@
-"""kbit::wgmma per forced CTA shape (weight rows BN x warpgroups WG) against dequantize + cuBLAS
-and fp16 cuBLAS, cold, CUDA-graph timed (device machine).
-Usage: python scripts/wgmma_sweep.py [k] [M,M,...]"""
+"""kbit::wgmma per forced configuration (tokens TN, warpgroups WG, K splits) against dequantize +
+cuBLAS and fp16 cuBLAS, cold, CUDA-graph timed (device machine).
+Usage: python scripts/wgmma_sweep.py [k] [M,M,...] [TN.WG.S,TN.WG.S,...]"""
 import sys
 
 import torch
@@ -12,10 +12,11 @@ from kbit.bench.timing import copies_for_cold, graph_time_us
 
 k = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 ms = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "16,64,256").split(",")]
-configs = [(0, 0), (32, 1), (32, 2), (64, 1), (64, 2), (64, 4)]
-print("us per call (cold, graph); config = (BN, WG), (0, 0) = automatic")
-print(f"{'shape':7} {'M':>5} {'fp16':>7} {'dq+cuB':>7} " + " ".join(f"{str(c):>9}" for c in configs))
-for name in ("gateup", "down", "KV"):
+configs = [(0, 0, 0)] + [tuple(int(v) for v in c.split(".")) for c in
+                         (sys.argv[3] if len(sys.argv) > 3 else "64.1.1,64.1.4,128.1.1,256.1.1,128.2.1").split(",")]
+print("us per call (cold, graph); config = TN.WG.S, 0.0.0 = automatic")
+print(f"{'shape':7} {'M':>5} {'fp16':>7} {'dq+cuB':>7} " + " ".join(f"{'.'.join(map(str, c)):>9}" for c in configs))
+for name in ("gateup", "down", "Q", "O", "KV"):
     K, N = DENSE[name]
     w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
     q = kbit.repack(kbit.quantize(w, k=k))
@@ -33,12 +34,12 @@ for name in ("gateup", "down", "KV"):
 
         t_dq = graph_time_us(dq, len(packs))
         cells = []
-        for bn, wg in configs:
-            ops.force_wgmma_config(bn, wg)
+        for cfg in configs:
+            ops.force_wgmma_config(*cfg)
             try:
                 cells.append(graph_time_us(
                     lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y), len(packs)))
             except RuntimeError:  # e.g. a variant build whose shared memory does not fit
                 cells.append(float("nan"))
-        ops.force_wgmma_config(0, 0)
+        ops.force_wgmma_config()
         print(f"{name:7} {m:>5} {f16:>7.1f} {t_dq:>7.1f} " + " ".join(f"{c:>9.1f}" for c in cells))

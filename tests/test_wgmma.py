@@ -17,10 +17,12 @@ TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 WGMMA = GPU and ops.wgmma_supports(1, 64, 64, 4, "cuda")
 needs_wgmma = pytest.mark.skipif(not WGMMA, reason="needs a compute capability 9.0 GPU (sm_90a build)")
 # (N, K): model-like, K with a half k-tile at the end (odd block count), tiny K, N not a
-# multiple of the CTA's 32 / 64 rows
+# multiple of the CTA's 64 / 128 rows
 SHAPES = [(512, 2048), (200, 4128), (64, 40), (136, 5120), (8, 96)]
 MS = (1, 2, 15, 16, 17, 33, 64, 65, 100, 128, 129, 256, 300)
-CONFIGS = [(32, 1), (32, 2), (64, 1), (64, 2), (64, 4)]
+# (tokens per CTA, warpgroups, K splits over a cluster): every tile width and warpgroup count
+# the launcher has, with and without split-K (3 and 8 leave a split with fewer steps or none)
+CONFIGS = [(32, 1, 1), (64, 1, 4), (128, 1, 1), (256, 1, 3), (32, 2, 8), (64, 2, 1), (128, 2, 2)]
 
 
 def _rel_err(got, want):
@@ -55,21 +57,21 @@ def test_wgmma_shapes_and_m(k, dtype, rng):
 @needs_wgmma
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 def test_wgmma_every_cta_shape(k, rng):
-    """Every (weight rows, warpgroups) per CTA the launcher can pick, forced, with a bias."""
+    """Every (tokens, warpgroups, K splits) per CTA the launcher can pick, forced, with a bias."""
     n, kdim = 200, 4128
     q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
     w = _weight(q)
     try:
-        for i, (bn, wg) in enumerate(CONFIGS):
-            ops.force_wgmma_config(bn, wg)
+        for i, (tn, wg, splits) in enumerate(CONFIGS):
+            ops.force_wgmma_config(tn, wg, splits)
             dtype = (torch.float16, torch.bfloat16)[i % 2]
             bias = torch.randn(n, generator=rng).to(dtype).cuda()
             for m in (1, 70, 257):
                 x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
                 err = _rel_err(_run(q, x, bias).cpu(), ref.linear(x.cpu(), w, bias.cpu()))
-                assert err <= TOL[dtype], (bn, wg, m, err)
+                assert err <= TOL[dtype], (tn, wg, splits, m, err)
     finally:
-        ops.force_wgmma_config(0, 0)
+        ops.force_wgmma_config()
 
 
 @needs_wgmma
