@@ -64,12 +64,6 @@ namespace {
 #ifndef KBIT_WG_PROBE
 #define KBIT_WG_PROBE 0
 #endif
-// KBIT_WG_RS = 1: the decoded fragments feed wgmma from registers (A from registers); 0 (the
-// default): they go to shared memory by stmatrix and wgmma reads both operands from there.
-// Measured (H100, k = 4, gateup M = 64): RS 15.2 us, SS see NOTES.md (v11).
-#ifndef KBIT_WG_RS
-#define KBIT_WG_RS 0
-#endif
 // Timeline hook for scripts/wgmma_timeline.cu (empty in the library): point p of step s.
 #ifndef KBIT_WG_MARK
 #define KBIT_WG_MARK(s, p)
@@ -77,7 +71,7 @@ namespace {
 
 constexpr int kStepK = 64;      // k values per step: one tiled64 k-tile
 constexpr int kWgRows = 64;     // weight rows per warpgroup (the wgmma M)
-constexpr int kMaxStages = 16;  // shared stages (steps in flight) at most
+constexpr int kMaxStages = 6;   // shared stages (steps in flight) at most (16 measured no faster)
 constexpr int kMaxSplits = 8;   // CTAs per cluster (portable limit)
 constexpr uint32_t kTableAlign = 64 * 1024;  // the PRMT addressing needs bytes 0-1 of the base zero
 
@@ -85,9 +79,6 @@ constexpr uint32_t kTableAlign = 64 * 1024;  // the PRMT addressing needs bytes 
 // indices) of 256 bytes (lane L's pair at L * 4; the upper half unused); k = 5: 1024 entries
 // (low byte as for k = 4, 2 high bits) at lo * 256 + hi * 64 + (L % 16) * 4.
 template <int K_BITS> constexpr uint32_t kTableBytes = K_BITS == 5 ? 64 * 1024 : 256u << (2 * K_BITS);
-
-// Independent accumulator sets per warpgroup (registers: TN / 2 each).
-template <int TN, int WG> constexpr int kAccSets = TN * (WG == 1 ? 1 : 2) <= 64 ? 4 : TN * (WG == 1 ? 1 : 2) <= 128 ? 2 : 1;
 
 // Bytes of one stage and of the split-K reduction tile.
 template <int K_BITS, int TN, int WG>
@@ -99,8 +90,6 @@ struct Shape {
   static constexpr uint32_t stage_bytes = (x_bytes + packed_bytes + absmax_bytes + 1023) / 1024 * 1024;
   static constexpr int red_stride = rows + 4;               // floats per token row (bank spread)
   static constexpr uint32_t red_bytes = uint32_t(TN) * red_stride * 4;
-  // decoded weight tiles (SS mode): 2 per warpgroup, 64 rows x 64 k in core matrices
-  static constexpr uint32_t atile_bytes = KBIT_WG_RS ? 0 : uint32_t(WG) * 2 * kWgRows * kStepK * 2;
 };
 
 // Shared-memory layout, absolute shared addresses from the start of dynamic shared memory
@@ -108,14 +97,14 @@ struct Shape {
 // it; then the E4M4 scale table and the mbarriers. The reduction tile (after the main loop)
 // reuses the front stages if it fits there, else the back ones.
 struct RsLayout {
-  uint32_t front, back, table, red, atiles, scales, bars, end;
+  uint32_t front, back, table, red, scales, bars, end;
   int n_front;
   __host__ __device__ uint32_t stage(int i, uint32_t stage_bytes) const {
     return i < n_front ? front + i * stage_bytes : back + (i - n_front) * stage_bytes;
   }
 };
 __host__ __device__ inline RsLayout rs_layout(uint32_t base, uint32_t stage_bytes, int stages, uint32_t table_bytes,
-                                              uint32_t red_bytes, uint32_t atile_bytes) {
+                                              uint32_t red_bytes) {
   RsLayout l;
   l.front = (base + 1023) & ~1023u;
   l.table = (base + kTableAlign - 1) & ~(kTableAlign - 1);
@@ -129,15 +118,17 @@ __host__ __device__ inline RsLayout rs_layout(uint32_t base, uint32_t stage_byte
     l.red = l.back;
     e = max(e, l.back + red_bytes);
   }
-  l.atiles = e;
-  l.scales = e + atile_bytes;
-  l.bars = l.scales + 256 * 4;
+  l.scales = e;
+  l.bars = e + 256 * 4;
   l.end = l.bars + 16 * stages;
   return l;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
 __device__ __forceinline__ void wgmma_fence() { KBIT_WGMMA_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { KBIT_WGMMA_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -162,20 +153,6 @@ __device__ __forceinline__ void consumer_sync() {
 // mode 1; a k16 slice starts 32 bytes further (the swizzle applies to the final address bits).
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-// Descriptor of a K-major operand without swizzle: core matrices (8 rows x 16 bytes) of 128
-// contiguous bytes, K-adjacent ones 128 bytes apart (LBO), row-adjacent ones 1024 (SBO).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(1024 >> 4) << 32);
-}
-// Four 8x8 matrices of 16-bit values from mma fragments (register m = matrix m) to shared
-// memory; lane i gives the address of row i % 8 of matrix i / 8.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
-  KBIT_WGMMA_ASM("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
-                 "r"(r[2]), "r"(r[3]) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() {
-  KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
 // 2-D tensor copy (TMA) of the box at (c0 = k, c1 = token) into shared memory, completing on bar.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
@@ -215,29 +192,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
   "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
   "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
   "%123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132"
-#define KBIT_WGMMA_SS(TN_, TY, LIST, ...)                                                  \
-  KBIT_WGMMA_ASM("wgmma.mma_async.sync.aligned.m64n" #TN_ "k16.f32." TY "." TY " " LIST ", 1, 1, 1, 0, 0;" \
-                 : __VA_ARGS__                                                              \
-                 : "l"(da), "l"(db))
-#define KBIT_SS_LIST32 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17"
-#define KBIT_SS_LIST64 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33"
-#define KBIT_SS_LIST128 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
-  "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65"
-#define KBIT_SS_LIST256 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
-  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
-  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
-  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
-  "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
-  "%123, %124, %125, %126, %127}, %128, %129"
 template <typename T, int TN>
 __device__ __forceinline__ void wgmma_rs(float (&d)[TN / 2], const uint32_t (&a)[4], uint64_t db) {
   constexpr bool kHalf = std::is_same<T, __half>::value;
@@ -256,26 +210,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[TN / 2], const uint32_t (&a)
     else KBIT_WGMMA_RS(256, "bf16", KBIT_RS_LIST256, KBIT_A32(0), KBIT_A32(32), KBIT_A32(64), KBIT_A32(96));
   }
 }
-// The same with A from shared memory (descriptor da: no swizzle, K-major).
-template <typename T, int TN>
-__device__ __forceinline__ void wgmma_ss(float (&d)[TN / 2], uint64_t da, uint64_t db) {
-  constexpr bool kHalf = std::is_same<T, __half>::value;
-  if constexpr (TN == 32) {
-    if constexpr (kHalf) KBIT_WGMMA_SS(32, "f16", KBIT_SS_LIST32, KBIT_A8(0), KBIT_A8(8));
-    else KBIT_WGMMA_SS(32, "bf16", KBIT_SS_LIST32, KBIT_A8(0), KBIT_A8(8));
-  } else if constexpr (TN == 64) {
-    if constexpr (kHalf) KBIT_WGMMA_SS(64, "f16", KBIT_SS_LIST64, KBIT_A32(0));
-    else KBIT_WGMMA_SS(64, "bf16", KBIT_SS_LIST64, KBIT_A32(0));
-  } else if constexpr (TN == 128) {
-    if constexpr (kHalf) KBIT_WGMMA_SS(128, "f16", KBIT_SS_LIST128, KBIT_A32(0), KBIT_A32(32));
-    else KBIT_WGMMA_SS(128, "bf16", KBIT_SS_LIST128, KBIT_A32(0), KBIT_A32(32));
-  } else {
-    static_assert(TN == 256, "TN is 32, 64, 128 or 256");
-    if constexpr (kHalf) KBIT_WGMMA_SS(256, "f16", KBIT_SS_LIST256, KBIT_A32(0), KBIT_A32(32), KBIT_A32(64), KBIT_A32(96));
-    else KBIT_WGMMA_SS(256, "bf16", KBIT_SS_LIST256, KBIT_A32(0), KBIT_A32(32), KBIT_A32(64), KBIT_A32(96));
-  }
-}
-#undef KBIT_WGMMA_SS
 #undef KBIT_WGMMA_RS
 #undef KBIT_A32
 #undef KBIT_A8
@@ -316,8 +250,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
   constexpr int kThreads = WG * 128;  // consumers; the producer warp is tid >= kThreads
   extern __shared__ __align__(1024) char smem_raw[];
   const uint32_t base = smem_u32(smem_raw);
-  const RsLayout lay =
-      rs_layout(base, S::stage_bytes, stages, kTableBytes<K_BITS>, splits > 1 ? S::red_bytes : 0, S::atile_bytes);
+  const RsLayout lay = rs_layout(base, S::stage_bytes, stages, kTableBytes<K_BITS>, splits > 1 ? S::red_bytes : 0);
   {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -355,15 +288,9 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
   const bool producer = __shfl_sync(0xffffffffu, tid >> 5, 0) >= WG * 4;
   __syncthreads();  // initialised mbarriers, zeroed tails
 
-  // kSets independent accumulator sets (k16 slice j adds into set j % kSets): consecutive
-  // wgmmas on one accumulator wait for each other (~150 cycles each measured at n64, a
-  // fixed latency much longer than the MMA itself), independent ones overlap.
-  constexpr int kSets = kAccSets<TN, WG>;
-  float acc[kSets][TN / 2];
+  float acc[TN / 2];
 #pragma unroll
-  for (int j = 0; j < kSets; j++)
-#pragma unroll
-    for (int i = 0; i < TN / 2; i++) acc[j][i] = 0.f;
+  for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
   const int lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7, g = lane >> 2, c = lane & 3;
 
   if (producer) {
@@ -375,9 +302,10 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
       uint32_t phase = 0;
       for (int s = 0; s < steps; s++) {
         const uint32_t st = lay.stage(slot, S::stage_bytes), full = full0 + 8 * slot;
-        // consumers released it (their reads of the stage completed before their arrivals;
-        // no proxy fence: it compiled to a MEMBAR per step)
+        // consumers released it; the proxy fence orders their generic reads of the stage
+        // before the async-proxy writes (racecheck reports the hazard without it)
         if (s >= stages) mbar_wait(empty0 + 8 * slot, phase ^ 1);
+        fence_proxy_async();
         constexpr bool kX = !(KBIT_WG_PROBE & 8), kW = !(KBIT_WG_PROBE & 4);
         mbar_expect_tx(full, (kX ? S::x_bytes : 0) + (kW ? p_bytes + a_bytes : 0));
         if (kX) tma_load_2d(st, &x_map, (kt0 + s) * kStepK, m0, full);
@@ -422,9 +350,8 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
     for (int b = 0; b < K_BITS; b++) rot[b] = uint32_t(2 * c - 2 * (b < 4 ? b : 3)) & 31u;
     int slot = 0;
     uint32_t phase = 0, prev_empty = 0;
-    // stmatrix row address of this lane in a weight tile (k16 slice 0): matrix m = lane / 8
-    // (0: rows 0-7, k 0-7 = register 0; 1: rows 8-15; 2: k 8-15; 3: both), row lane % 8
-    const uint32_t a_lane = uint32_t(((2 * warp + ((lane >> 3) & 1)) * 8 + (lane >> 4)) * 128 + (lane & 7) * 16);
+    uint32_t a_prev[4][4] = {};  // the A registers of the previous step
+#pragma unroll 2
     for (int s = 0; s < steps; s++) {
       const uint32_t st = lay.stage(slot, S::stage_bytes);
       mbar_wait(full0 + 8 * slot, phase);
@@ -474,30 +401,27 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
         }
       }
       KBIT_WG_MARK(s, 1);
-      // SS mode: the fragments go to this warpgroup's weight tile s % 2 (its MMAs of step
-      // s - 2 are done: wait_group 1 at step s - 1), then to the wgmma from shared memory.
-      const uint32_t atile = lay.atiles + uint32_t(wg * 2 + (s & 1)) * (kWgRows * kStepK * 2);
-      if (!KBIT_WG_RS) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) stmatrix_x4(atile + a_lane + j * 256, a[j]);
-        fence_proxy_async();
-        asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");  // the warpgroup's 4 warps
-      }
-#pragma unroll
-      for (int j = 0; j < kSets; j++) fence_regs(acc[j]);
+      fence_regs(acc);
       wgmma_fence();
       if (!(KBIT_WG_PROBE & 2)) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-          if (KBIT_WG_RS) wgmma_rs<T, TN>(acc[j % kSets], a[j], smem_desc_sw128(st + j * 32));
-          else wgmma_ss<T, TN>(acc[j % kSets], smem_desc(atile + j * 256), smem_desc_sw128(st + j * 32));
-        }
+        for (int j = 0; j < 4; j++) wgmma_rs<T, TN>(acc, a[j], smem_desc_sw128(st + j * 32));
       }
       wgmma_commit();
-#pragma unroll
-      for (int j = 0; j < kSets; j++) fence_regs(acc[j]);
+      fence_regs(acc);
       wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done: release its stage
       KBIT_WG_MARK(s, 2);
+      // Step s - 1's A registers stay live up to here, so the decode of step s cannot have
+      // reused them while its MMAs still read them (without this, results were wrong now and
+      // then: ptxas does not see the asynchronous read).
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          asm volatile("" ::"r"(a_prev[j][i]));
+          a_prev[j][i] = a[j][i];
+        }
+      __syncwarp();  // every lane's reads of the stage before lane 0's release (racecheck)
       if (s > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev_empty);
       prev_empty = uint32_t(slot);
       if (++slot == stages) {
@@ -506,15 +430,10 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
       }
     }
     wgmma_wait<0>();
-#pragma unroll
-    for (int j = 0; j < kSets; j++) fence_regs(acc[j]);
-#pragma unroll
-    for (int j = 1; j < kSets; j++)
-#pragma unroll
-      for (int i = 0; i < TN / 2; i++) acc[0][i] += acc[j][i];
+    fence_regs(acc);
   }
 
-  // Accumulator fragment: acc[0][4i + 2h + e] is weight row r0 + 8h, token 8i + 2c + e.
+  // Accumulator fragment: acc[4i + 2h + e] is weight row r0 + 8h, token 8i + 2c + e.
   const int r0 = wg * kWgRows + warp * 16 + g;
   if (splits == 1) {
     if (producer) return;
@@ -528,7 +447,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
 #pragma unroll
         for (int e = 0; e < 2; e++) {
           const int tok = m0 + 8 * i + 2 * c + e;
-          if (tok < M) out[int64_t(tok) * ldo + n] = from_float<T>(acc[0][4 * i + 2 * h + e] * shift_up + bv);
+          if (tok < M) out[int64_t(tok) * ldo + n] = from_float<T>(acc[4 * i + 2 * h + e] * shift_up + bv);
         }
       }
     }
@@ -544,7 +463,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) red[(8 * i + 2 * c + e) * S::red_stride + r0 + 8 * h] = acc[0][4 * i + 2 * h + e];
+        for (int e = 0; e < 2; e++) red[(8 * i + 2 * c + e) * S::red_stride + r0 + 8 * h] = acc[4 * i + 2 * h + e];
   }
   cluster_sync();
   const int z = int(blockIdx.z);
@@ -655,7 +574,7 @@ int stages_for(int device, int splits, uint32_t& bytes) {
   const DeviceInfo& d = device_info(device);
   for (int st = kMaxStages; st >= 2; st--) {
     const RsLayout l = rs_layout(uint32_t(d.smem_reserved), S::stage_bytes, st, kTableBytes<K_BITS>,
-                                 splits > 1 ? S::red_bytes : 0, S::atile_bytes);
+                                 splits > 1 ? S::red_bytes : 0);
     bytes = l.end - uint32_t(d.smem_reserved);
     if (int64_t(bytes) <= d.smem_optin) return st;
   }
