@@ -1,10 +1,10 @@
 // Per-step timeline of one CTA of csrc/wgmma.cu (no Python): where does a 64-k step go?
 // Build: nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -DKBIT_HAS_SM90A scripts/wgmma_timeline.cu -o wtl
-// Run on the GPU: ./wtl k M N K     (thread 0 of CTA (0, 0); clock64 cycles, mean over steps
-// 2 .. KT - 3 of the time from the step's start to each point: 1 = previous MMAs done, 2 = own
-// copies of the next step landed, 3 = past the first barrier, 5 = next tile decoded, 6 = past
-// the second barrier; then the mean step length; points never marked are left out). Random weights:
-// timing only.
+// Run on the GPU: ./wtl k M N K     (thread 0 of CTA (0, 0), a consumer; clock64 cycles, mean
+// over steps 2 .. KT - 3 of the time from the step's start (its copies landed) to each point:
+// 1 = A fragments decoded, 2 = the previous step's MMAs done; then the mean step length;
+// points never marked are left out). Random weights: timing only. Not run since the kernel
+// became the register-A design (session 11).
 #include <cstdio>
 #include <cstdlib>
 
