@@ -79,6 +79,37 @@ __device__ __forceinline__ int64_t block_index(int layout, int64_t n, int64_t kb
   return ((kb / kTileBlocks) * N + n) * kTileBlocks + (kb % kTileBlocks);
 }
 
+// The codebook of a dequantizing kernel in shared memory, and the 16-entry "spread" table that
+// turns bit-planes into codebook offsets (codebook_offsets). Threads 0 .. 2^k - 1 and 0 .. 15
+// write; the caller synchronizes.
+template <int K_BITS>
+__device__ __forceinline__ void fill_codebook_tables(float* cb, uint32_t* spread, const float* __restrict__ codebook) {
+  if (threadIdx.x < (1 << K_BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
+  if (threadIdx.x < 16) {
+    uint32_t v = threadIdx.x, s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) s |= ((v >> j) & 1u) << (8 * j + 2);
+    spread[threadIdx.x] = s;
+  }
+}
+
+// Byte offsets into the float codebook of 8 values: bytes[b] holds plane b's bits of the 8
+// values in its low byte. spread[v] for a 4-bit v holds bit j of v at bit 8j + 2, so OR-ing
+// spread[nibble of plane b] << b over the planes gives, in byte j of lo (hi), 4 * the index
+// of value j (j + 4). Two shared loads per plane replace 4 bit extractions per plane and value
+// (the dequantizer was issue-bound on them).
+template <int K_BITS>
+__device__ __forceinline__ void codebook_offsets(const uint32_t (&bytes)[K_BITS], const uint32_t* spread,
+                                                 uint32_t& lo, uint32_t& hi) {
+  lo = 0;
+  hi = 0;
+#pragma unroll
+  for (int b = 0; b < K_BITS; b++) {
+    lo |= spread[bytes[b] & 15u] << b;
+    hi |= spread[(bytes[b] >> 4) & 15u] << b;
+  }
+}
+
 // Makes `device` current for the launcher's scope and restores the caller's device after.
 struct DeviceGuard {
   int previous = -1;

@@ -51,24 +51,43 @@ template <int K_BITS> constexpr uint32_t segment_groups() {
 }
 
 
+// The 8 values of one group (bytes: codebook_offsets): value = codebook[index] * scale,
+// rounded once to T and stored at dst (a 16-byte store for fp16/bf16 when VEC; element-wise,
+// stopping at column K, otherwise; col0 = dst's column).
+template <typename T, int K_BITS, bool VEC>
+__device__ __forceinline__ void decode8(const uint32_t (&bytes)[K_BITS], float scale, const char* cb_bytes,
+                                        const uint32_t* spread, T* dst, int64_t col0, int64_t K) {
+  uint32_t offs_lo, offs_hi;
+  codebook_offsets<K_BITS>(bytes, spread, offs_lo, offs_hi);
+  T vals[8];
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const uint32_t lo = __byte_perm(offs_lo, 0, 0x4440 + j), hi = __byte_perm(offs_hi, 0, 0x4440 + j);
+    vals[j] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + lo) * scale);
+    vals[j + 4] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + hi) * scale);
+  }
+  if (VEC) {
+    if constexpr (sizeof(T) == 2) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
+    } else {
+      reinterpret_cast<float4*>(dst)[0] = *reinterpret_cast<const float4*>(vals);
+      reinterpret_cast<float4*>(dst)[1] = *reinterpret_cast<const float4*>(vals + 4);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      if (col0 + j < K) dst[j] = vals[j];
+  }
+}
+
 template <typename T, int K_BITS, bool VEC, int GROUPS>
 __global__ void __launch_bounds__(kThreads) dequantize_kernel(
     const int32_t* __restrict__ packed, const void* __restrict__ absmax, int absmax_format,
     const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KB, int layout,
     float shift_up, FastDivmod item_div, uint32_t total_groups, T* __restrict__ out) {
-  // cb: the codebook. spread[v] for a 4-bit v holds bit j of v at bit 8j + 2: OR-ing
-  // spread[nibble of plane b] << b over the planes gives, in byte j, 4 * (index of element j),
-  // the byte offset of its codebook entry. Two shared loads per plane replace 4 bit
-  // extractions per plane and element (the dequantizer was issue-bound on them).
   __shared__ float cb[1 << K_BITS];
   __shared__ uint32_t spread[16];
-  if (threadIdx.x < (1 << K_BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
-  if (threadIdx.x < 16) {
-    uint32_t v = threadIdx.x, s = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) s |= ((v >> j) & 1u) << (8 * j + 2);
-    spread[threadIdx.x] = s;
-  }
+  fill_codebook_tables<K_BITS>(cb, spread, codebook);
   __syncthreads();
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
   constexpr uint32_t kBand = band_rows<K_BITS>(), kSeg = segment_groups<K_BITS>();
@@ -109,36 +128,11 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(
 #pragma unroll
     for (int i = 0; i < GROUPS; i++) {
       if (dst_offset[i] < 0) continue;
-      uint32_t offs_lo = 0, offs_hi = 0;  // byte j: 4 * index of element j (lo) / j + 4 (hi)
-#pragma unroll
-      for (int b = 0; b < K_BITS; b++) {
-        offs_lo |= spread[bytes[i][b] & 15u] << b;
-        offs_hi |= spread[(bytes[i][b] >> 4) & 15u] << b;
-      }
-      T vals[8];
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const uint32_t lo = __byte_perm(offs_lo, 0, 0x4440 + j), hi = __byte_perm(offs_hi, 0, 0x4440 + j);
-        vals[j] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + lo) * scale[i]);
-        vals[j + 4] = from_float<T>(*reinterpret_cast<const float*>(cb_bytes + hi) * scale[i]);
-      }
-      T* dst = out + dst_offset[i];
-      if (VEC) {
-        if constexpr (sizeof(T) == 2) {
-          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(vals);
-        } else {
-          reinterpret_cast<float4*>(dst)[0] = *reinterpret_cast<const float4*>(vals);
-          reinterpret_cast<float4*>(dst)[1] = *reinterpret_cast<const float4*>(vals + 4);
-        }
-      } else {
-        const int64_t col0 = dst_offset[i] % K;
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-          if (col0 + j < K) dst[j] = vals[j];
-      }
+      decode8<T, K_BITS, VEC>(bytes[i], scale[i], cb_bytes, spread, out + dst_offset[i], dst_offset[i] % K, K);
     }
   }
 }
+
 
 template <typename T, int K_BITS>
 cudaError_t launch_typed(cudaStream_t stream, const int32_t* packed, const void* absmax, int fmt,

@@ -9,7 +9,7 @@
 // warps of a CTA split K further (kt = warp * 4 + phase, stride 16), and a shared-memory
 // reduction joins them. Per 32-value block the kernel sums x * codebook[idx] in float32 and
 // multiplies by the block scale once. Indices come from the same 16-entry spread table as
-// dequantize (byte offsets of codebook entries, two shared loads per plane per 8 values).
+// dequantize (common.cuh: codebook_offsets; two shared loads per plane per 8 values).
 // Activations are staged once per CTA in shared memory as float32 (v1/v2 re-read and
 // re-converted them from global memory for every 8 weights; NOTES.md), or read from global
 // when M * K is too large for shared memory.
@@ -50,13 +50,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
   __shared__ float cb[1 << K_BITS];
   __shared__ uint32_t spread[16];
   __shared__ float partial[kWarps][kRowsPerWarp][M];
-  if (threadIdx.x < (1 << K_BITS)) cb[threadIdx.x] = codebook[threadIdx.x];
-  if (threadIdx.x < 16) {
-    uint32_t s = 0;
-#pragma unroll
-    for (int j = 0; j < 4; j++) s |= ((threadIdx.x >> j) & 1u) << (8 * j + 2);
-    spread[threadIdx.x] = s;
-  }
+  fill_codebook_tables<K_BITS>(cb, spread, codebook);
   extern __shared__ float xs[];
   const int64_t x_row = KT * kXTile;
   if (X_SMEM) {
@@ -108,13 +102,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
       for (int m = 0; m < M; m++) block_sum[m] = 0.f;
 #pragma unroll
       for (int q = 0; q < 4; q++) {  // 8 values at a time
-        uint32_t offs_lo = 0, offs_hi = 0;
+        uint32_t bytes[K_BITS], offs_lo, offs_hi;
 #pragma unroll
-        for (int b = 0; b < K_BITS; b++) {
-          const uint32_t byte = words[j * K_BITS + b] >> (8 * q);
-          offs_lo |= spread[byte & 15u] << b;
-          offs_hi |= spread[(byte >> 4) & 15u] << b;
-        }
+        for (int b = 0; b < K_BITS; b++) bytes[b] = words[j * K_BITS + b] >> (8 * q);
+        codebook_offsets<K_BITS>(bytes, spread, offs_lo, offs_hi);
         float w[8];
 #pragma unroll
         for (int e = 0; e < 4; e++) {
