@@ -94,8 +94,9 @@ struct Shape {
 
 // Shared-memory layout, absolute shared addresses from the start of dynamic shared memory
 // (`base`): stages in front of the 64 KB aligned table as far as they fit, the others behind
-// it; then the E4M4 scale table and the mbarriers. The reduction tile (after the main loop)
-// reuses the front stages if it fits there, else the back ones.
+// it; then the E4M4 scale table and the mbarriers. The reduction tile (after the main loop:
+// split-K partials, or the C passes of the epilogue) reuses the front stages if it fits
+// there, else the back ones.
 struct RsLayout {
   uint32_t front, back, table, red, scales, bars, end;
   int n_front;
@@ -135,6 +136,13 @@ __device__ __forceinline__ void wgmma_commit() { KBIT_WGMMA_ASM("wgmma.commit_gr
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   KBIT_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Four 8x8 16-bit matrices from mma-fragment registers into shared memory, transposed: lane
+// L gives the address of stored row L % 8 of matrix L / 8, which receives column L % 8 of
+// that matrix's fragment.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  KBIT_WGMMA_ASM("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
 // Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
 template <int R>
@@ -250,7 +258,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
   constexpr int kThreads = WG * 128;  // consumers; the producer warp is tid >= kThreads
   extern __shared__ __align__(1024) char smem_raw[];
   const uint32_t base = smem_u32(smem_raw);
-  const RsLayout lay = rs_layout(base, S::stage_bytes, stages, kTableBytes<K_BITS>, splits > 1 ? S::red_bytes : 0);
+  const RsLayout lay = rs_layout(base, S::stage_bytes, stages, kTableBytes<K_BITS>, S::red_bytes);
   {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -437,19 +445,54 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
   const int r0 = wg * kWgRows + warp * 16 + g;
   if (splits == 1) {
     if (producer) return;
+    // C through shared memory, transposed by stmatrix: each warp writes its 16 rows x kTok
+    // tokens as token rows of 16 values (T) into its own part of the reduction tile's space,
+    // then stores 8 rows of one token with one 16-byte store. Per-element 2-byte stores
+    // straight from the fragments cost ~half of a TN = 256 call (ncu: instruction-cache misses
+    // in the unrolled epilogue, NOTES.md v12).
+    consumer_sync<kThreads>();  // the space overlays stages other warps may still read
+    constexpr int kTok = TN < 64 ? TN : 64;  // tokens per pass
+    constexpr int kRowBytes = 48;             // 32 bytes of values + 16: conflict-free stmatrix rows
+    static_assert(kThreads / 32 * kTok * kRowBytes <= S::red_bytes, "C passes must fit the reduction tile");
+    const uint32_t region = lay.red + uint32_t((tid >> 5) * kTok * kRowBytes);
+    const int nw = n0 + wg * kWgRows + warp * 16;  // first weight row of this warp
+    float bv[2] = {0.f, 0.f};
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int n = n0 + r0 + 8 * h;
-      if (n >= N) continue;
-      const float bv = bias != nullptr ? to_float(bias[n]) : 0.f;
+    for (int h = 0; h < 2; h++)
+      if (bias != nullptr && nw + g + 8 * h < N) bv[h] = to_float(bias[nw + g + 8 * h]);
+    const bool vec_out = (reinterpret_cast<uintptr_t>(out) % 16 == 0) && ldo % 8 == 0;
+    const int q = lane >> 3;  // stmatrix: lane gives row lane % 8 of matrix q = 2 * (chunk) + row half
 #pragma unroll
-      for (int i = 0; i < TN / 8; i++) {
+    for (int pass = 0; pass < TN / kTok; pass++) {
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int tok = m0 + 8 * i + 2 * c + e;
-          if (tok < M) out[int64_t(tok) * ldo + n] = from_float<T>(acc[4 * i + 2 * h + e] * shift_up + bv);
+      for (int i8 = 0; i8 < kTok / 8; i8 += 2) {
+        const int i = pass * (kTok / 8) + i8;
+        uint32_t r[4];
+#pragma unroll
+        for (int di = 0; di < 2; di++)
+#pragma unroll
+          for (int h = 0; h < 2; h++)
+            r[2 * di + h] = Pair<T>::pack(acc[4 * (i + di) + 2 * h] * shift_up + bv[h],
+                                          acc[4 * (i + di) + 2 * h + 1] * shift_up + bv[h]);
+        stmatrix_x4_trans(region + uint32_t(((i8 + (q >> 1)) * 8 + (lane & 7)) * kRowBytes + (q & 1) * 16), r);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int u = lane; u < kTok * 2; u += 32) {
+        const int t = u >> 1, half = u & 1;
+        const int tok = m0 + pass * kTok + t, n = nw + 8 * half;
+        if (tok >= M || n >= N) continue;  // N % 8 == 0: a half is all in or all out
+        const uint4 v = *reinterpret_cast<const uint4*>(gen + region + t * kRowBytes + half * 16);
+        T* dst = out + int64_t(tok) * ldo + n;
+        if (vec_out) {
+          *reinterpret_cast<uint4*>(dst) = v;
+        } else {
+          const T* pv = reinterpret_cast<const T*>(&v);
+#pragma unroll
+          for (int j = 0; j < 8; j++) dst[j] = pv[j];
         }
       }
+      __syncwarp();  // the next pass overwrites the region
     }
     return;
   }
@@ -573,8 +616,7 @@ int stages_for(int device, int splits, uint32_t& bytes) {
   using S = Shape<K_BITS, TN, WG>;
   const DeviceInfo& d = device_info(device);
   for (int st = kMaxStages; st >= 2; st--) {
-    const RsLayout l = rs_layout(uint32_t(d.smem_reserved), S::stage_bytes, st, kTableBytes<K_BITS>,
-                                 splits > 1 ? S::red_bytes : 0);
+    const RsLayout l = rs_layout(uint32_t(d.smem_reserved), S::stage_bytes, st, kTableBytes<K_BITS>, S::red_bytes);
     bytes = l.end - uint32_t(d.smem_reserved);
     if (int64_t(bytes) <= d.smem_optin) return st;
   }
