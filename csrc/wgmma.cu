@@ -26,8 +26,9 @@
 //   the decode of step s + 1 runs while those of step s are in flight (wait_group 1).
 // x is read in its natural k order (no staging through registers), decoded weights never go
 // through shared memory, and the decode costs ~1 shared load per 2 values.
-// Epilogue: splits == 1: each lane writes its accumulators (rows r, r + 8; tokens 8i + 2c,
-// 8i + 2c + 1) with the per-tensor power of two and the bias. splits > 1: every CTA puts its
+// Epilogue: splits == 1: each warp puts its accumulators (with the per-tensor power of two and
+// the bias, rounded to T) into shared memory transposed by stmatrix, and writes 8 rows of one
+// token per 16-byte store. splits > 1: every CTA puts its
 // fp32 tile into shared memory, the cluster synchronizes, and CTA z adds tokens t with
 // t % splits == z over the cluster (distributed shared memory) and writes them.
 //
@@ -592,27 +593,20 @@ bool wgmma_capable(int device) {
 #endif
 }
 
-// (TN, WG, splits) of a call: the token tile TN covers M where it can (wgmma N: 32..256); two
-// warpgroups per CTA (x shared by 128 weight rows) once the tiles fill the SMs twice; K split
-// over a cluster of up to 8 CTAs while the tiles leave SMs idle (at least 2 steps per CTA).
-void choose(int device, int64_t M, int64_t N, int64_t K, int& tn, int& wg, int& splits) {
-  const int64_t sms = device_info(device).sms;
+// (TN, WG) of a call: the token tile TN covers M where it can (wgmma N: 32..256); two
+// warpgroups per CTA (x shared by 128 weight rows) once the tiles fill the SMs twice. The K
+// split is chosen in launch_cfg, where the kernel's occupancy is known.
+void choose(int64_t M, int64_t N, int& tn, int& wg, int sms) {
   tn = M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256;
   if (forced_tn() != 0) tn = forced_tn();
   wg = ceil_div(M, tn) * ceil_div(N, 128) >= 2 * sms ? 2 : 1;
   if (forced_wg() != 0) wg = forced_wg();
   if (wg == 2 && tn == 256) tn = 128;  // not instantiated (registers)
-  const int64_t tiles = ceil_div(M, tn) * ceil_div(N, 64 * wg), kt = ceil_div(K, kStepK);
-  int64_t sp = sms / tiles;
-  sp = sp < 1 ? 1 : sp > kMaxSplits ? kMaxSplits : sp;
-  while (sp > 1 && kt < 2 * sp) sp--;
-  splits = int(sp);
-  if (forced_splits() != 0) splits = forced_splits();
 }
 
 // Stages that fit the device's shared memory for this configuration (0: none).
 template <typename T, int K_BITS, int TN, int WG>
-int stages_for(int device, int splits, uint32_t& bytes) {
+int stages_for(int device, uint32_t& bytes) {
   using S = Shape<K_BITS, TN, WG>;
   const DeviceInfo& d = device_info(device);
   for (int st = kMaxStages; st >= 2; st--) {
@@ -629,14 +623,59 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
                        int64_t N, int64_t K, int splits, int exponent, const void* bias, void* out, int64_t ldo) {
   constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG>;
   uint32_t smem = 0;
-  const int stages = stages_for<T, K_BITS, TN, WG>(device, splits, smem);
-  if (stages == 0 || splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
+  const int stages = stages_for<T, K_BITS, TN, WG>(device, smem);
+  if (stages == 0) return cudaErrorInvalidValue;
   static uint32_t attr_bytes[64] = {};
   if (attr_bytes[device] < smem) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;
     attr_bytes[device] = smem;
   }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), 1);
+  cfg.blockDim = dim3(WG * 128 + 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  cfg.attrs = attr;
+  // K split over a cluster of `splits` CTAs: the count whose waves x steps per CTA is least
+  // (+ kSplitOverhead steps per CTA for the table build and the reduction; ties: fewer
+  // splits), with at least 2 steps per CTA. Waves come from the clusters that fit at once
+  // (cudaOccupancyMaxActiveClusters, once per device and count): at one CTA per SM, clusters
+  // of 4 fit on fewer than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
+  if (splits == 0) {
+    static int fit[64][kMaxSplits + 1] = {};  // clusters (CTAs for 1) at once; 0 unknown
+    constexpr int64_t kSplitOverhead = 4;
+    const int64_t tiles = int64_t(cfg.gridDim.x) * cfg.gridDim.y, kt = ceil_div(K, kStepK);
+    int64_t best = -1;
+    for (int sp = 1; sp <= kMaxSplits && (sp == 1 || kt >= 2 * sp); sp++) {
+      if (fit[device][sp] == 0) {
+        int n = 0;
+        attr[0].val.clusterDim.z = unsigned(sp);
+        cfg.gridDim.z = unsigned(sp);
+        cfg.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+          (void)cudaGetLastError();
+          n = 0;
+        }
+        fit[device][sp] = n > 0 ? n : -1;
+      }
+      if (fit[device][sp] < 0) continue;
+      const int64_t cost = ceil_div(tiles, fit[device][sp]) * (ceil_div(kt, sp) + kSplitOverhead);
+      if (best < 0 || cost < best) {
+        best = cost;
+        splits = sp;
+      }
+    }
+    if (splits == 0) splits = 1;
+  }
+  if (splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
+  attr[0].val.clusterDim.z = unsigned(splits);
+  cfg.gridDim.z = unsigned(splits);
+  cfg.numAttrs = splits > 1 ? 1 : 0;
   // x as a 2-D tensor [M, K] (row stride ldx) read in boxes of 64 k x TN tokens with 128-byte
   // swizzle; out-of-range elements (tokens >= M, k >= K) arrive as zeros.
   CUtensorMap x_map;
@@ -647,18 +686,6 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
       const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), unsigned(splits));
-  cfg.blockDim = dim3(WG * 128 + 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = unsigned(splits);
-  cfg.attrs = attr;
-  cfg.numAttrs = splits > 1 ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K), stages, splits,
                             ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo);
 }
@@ -667,8 +694,8 @@ template <typename T, int K_BITS>
 cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, int64_t ldx,
                         const int32_t* p, const void* a, int fmt, const float* cb, int64_t N,
                         int64_t K, int e, const void* bias, void* out, int64_t ldo) {
-  int tn, wg, splits;
-  choose(device, M, N, K, tn, wg, splits);
+  int tn, wg, splits = forced_splits();
+  choose(M, N, tn, wg, device_info(device).sms);
 #define KBIT_WG_CASE(TN_, WG_)                                                                    \
   if (tn == TN_ && wg == WG_)                                                                     \
     return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo);
