@@ -127,7 +127,6 @@ __host__ __device__ constexpr int table_bytes() {
   return K_BITS == 2 ? 256 * 256 : K_BITS == 3 ? 128 * 256 : 256 * 256;
 }
 constexpr uint32_t kTableAlign = 64 * 1024;
-constexpr int kScaleTableBytes = 256 * 4;  // E4M4 code -> packed (scale, scale)
 
 // The words + stored absmax of the two blocks (rows g and g + 8) of one item.
 template <int K_BITS>
@@ -169,20 +168,6 @@ __device__ __forceinline__ void read_block(uint32_t (&w)[K_BITS], uint32_t& scal
   if constexpr (FMT == KBIT_ABSMAX_E4M4) scale_bits = *reinterpret_cast<const uint8_t*>(sp);
   else if constexpr (FMT == KBIT_ABSMAX_F16) scale_bits = *reinterpret_cast<const unsigned short*>(sp);
   else scale_bits = *reinterpret_cast<const uint32_t*>(sp);
-}
-
-// The block scale as a packed pair in T (without the per-tensor power of two). E4M4 comes
-// from the shared table (exact in fp16 and bf16: 4 mantissa bits, range 2^-14 .. 31).
-template <typename T, int FMT>
-__device__ __forceinline__ uint32_t scale_pair(uint32_t bits, const char* smem_scales) {
-  if constexpr (FMT == KBIT_ABSMAX_E4M4) return *reinterpret_cast<const uint32_t*>(smem_scales + bits * 4);
-  else if constexpr (FMT == KBIT_ABSMAX_F16 && std::is_same<T, __half>::value) return bits | (bits << 16);
-  else if constexpr (FMT == KBIT_ABSMAX_F16) {
-    const float f = __half2float(__ushort_as_half((unsigned short)bits));
-    return Pair<T>::pack(f, f);
-  } else {
-    return Pair<T>::pack(__uint_as_float(bits), __uint_as_float(bits));
-  }
 }
 
 // The 4x4 bit transpose within every nibble of 4 words (k = 3 passes w3 = 0): afterwards
@@ -321,7 +306,7 @@ struct Layout {
 };
 template <typename T, int K_BITS>
 __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int rg, int n_stages, int stage_bytes) {
-  const size_t small = kScaleTableBytes + kZeroBytes + size_t(rg) * M * kAccStride * sizeof(float) + 16 * size_t(n_stages);
+  const size_t small = kScalePairBytes + kZeroBytes + size_t(rg) * M * kAccStride * sizeof(float) + 16 * size_t(n_stages);
   const size_t row = size_t(steps * kStepK + kXPad) * sizeof(T);
   Layout l;
   l.table = ((base + kTableAlign - 1) & ~(kTableAlign - 1)) - base;
@@ -400,8 +385,9 @@ __device__ __forceinline__ void mma_body(
   char* table = smem + lay.table;
   const uint32_t table_sh = smem_sh + uint32_t(lay.table);
   char* scales = smem + lay.small;
-  T* zero_row = reinterpret_cast<T*>(scales + kScaleTableBytes);
-  float* acc_s = reinterpret_cast<float*>(scales + kScaleTableBytes + kZeroBytes);
+  const uint32_t* scale_pairs = reinterpret_cast<const uint32_t*>(scales);
+  T* zero_row = reinterpret_cast<T*>(scales + kScalePairBytes);
+  float* acc_s = reinterpret_cast<float*>(scales + kScalePairBytes + kZeroBytes);
   // bulk variant: mbarriers full[S], empty[S] after the accumulator (8-byte aligned)
   const uint32_t full_sh = uint32_t(__cvta_generic_to_shared(acc_s + size_t(rg_per_cta) * M * kAccStride));
   const uint32_t empty_sh = full_sh + 8 * n_stages;
@@ -573,10 +559,7 @@ __device__ __forceinline__ void mma_body(
       reinterpret_cast<uint4*>(table + e * 256)[i & 7] = make_uint4(v, v, v, v);
     }
   }
-  if (FMT == KBIT_ABSMAX_E4M4 && threadIdx.x < 256) {
-    const float sc = e4m4_decode(threadIdx.x);
-    reinterpret_cast<uint32_t*>(scales)[threadIdx.x] = Pair<T>::pack(sc, sc);
-  }
+  if (FMT == KBIT_ABSMAX_E4M4) fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(scales), threadIdx.x, kThreads);
   if (int(threadIdx.x) < units) stage_x(threadIdx.x, x0);
   for (int unit = threadIdx.x + kThreads; unit < units; unit += kThreads) {
     T v[16];
@@ -649,8 +632,8 @@ __device__ __forceinline__ void mma_body(
           __syncwarp();
           if (lane == 0) mbar_arrive(empty_sh + 8 * stage);
           if (2 * (step0 + step) + (c >> 1) >= KT) it.scale_bits[0] = it.scale_bits[1] = 0u;  // no such k-tile
-          const uint32_t s2[2] = {scale_pair<T, FMT>(it.scale_bits[0], scales),
-                                  scale_pair<T, FMT>(it.scale_bits[1], scales)};
+          const uint32_t s2[2] = {scale_pair<T>(it.scale_bits[0], FMT, scale_pairs),
+                                  scale_pair<T>(it.scale_bits[1], FMT, scale_pairs)};
           const T* xb[NT];
 #pragma unroll
           for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(step, 0, 0) : 0);
@@ -670,8 +653,8 @@ __device__ __forceinline__ void mma_body(
 #pragma unroll
     for (int d = 0; d < D; d++) {
       if (base + d < n_items) {
-        const uint32_t s2[2] = {scale_pair<T, FMT>(ring[d].scale_bits[0], scales),
-                                scale_pair<T, FMT>(ring[d].scale_bits[1], scales)};
+        const uint32_t s2[2] = {scale_pair<T>(ring[d].scale_bits[0], FMT, scale_pairs),
+                                scale_pair<T>(ring[d].scale_bits[1], FMT, scale_pairs)};
         const Item<K_BITS> it = ring[d];
         if (base + d + D < n_items) {
           load(ring[d], load_cur, true);

@@ -42,6 +42,32 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
+// E4M4 block scales as packed (scale, scale) pairs in T, one 4-byte entry per code (exact in
+// fp16 and bf16: 4 mantissa bits, range 2^-14 .. 31): the shared-memory table scale_pair reads.
+constexpr int kScalePairBytes = 256 * 4;
+template <typename T>
+__device__ __forceinline__ void fill_scale_pairs(uint32_t* table, int tid, int threads) {
+  for (int i = tid; i < 256; i += threads) {
+    const float f = e4m4_decode(uint32_t(i));
+    table[i] = Pair<T>::pack(f, f);
+  }
+}
+
+// The block scale as a packed pair in T (without the per-tensor power of two) from its stored
+// bits in absmax format `fmt` (a compile-time constant in mma.cu): E4M4 codes index the table
+// above (a plain load, which the compiler may schedule: an asm ld.shared here made mma 3-6%
+// slower at M = 1, NOTES v12); fp16 and fp32 are converted.
+template <typename T>
+__device__ __forceinline__ uint32_t scale_pair(uint32_t bits, int fmt, const uint32_t* table) {
+  if (fmt == KBIT_ABSMAX_E4M4) return table[bits];
+  if (fmt == KBIT_ABSMAX_F16) {
+    if constexpr (std::is_same<T, __half>::value) return bits | (bits << 16);
+    const float f = __half2float(__ushort_as_half((unsigned short)bits));
+    return Pair<T>::pack(f, f);
+  }
+  return Pair<T>::pack(__uint_as_float(bits), __uint_as_float(bits));
+}
+
 // Thread-block clusters (sm_90+; the split-K variant): a barrier over the cluster's CTAs whose
 // shared-memory writes before it are visible to all of them after it, and a load from the
 // shared memory of CTA `rank` at the address `addr` has in this CTA (16 bytes).

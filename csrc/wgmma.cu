@@ -121,7 +121,7 @@ __host__ __device__ inline RsLayout rs_layout(uint32_t base, uint32_t stage_byte
     e = max(e, l.back + red_bytes);
   }
   l.scales = e;
-  l.bars = e + 256 * 4;
+  l.bars = e + kScalePairBytes;
   l.end = l.bars + 16 * stages;
   return l;
 }
@@ -222,21 +222,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[TN / 2], const uint32_t (&a)
 #undef KBIT_WGMMA_RS
 #undef KBIT_A32
 #undef KBIT_A8
-
-// The block scale as a packed pair in T (without the per-tensor power of two): E4M4 from the
-// shared table (exact in fp16 and bf16), fp16 and fp32 converted once.
-template <typename T>
-__device__ __forceinline__ uint32_t scale_pair_of(const char* pa, int blk, int fmt, uint32_t scales_sh) {
-  if (fmt == KBIT_ABSMAX_E4M4) return lds32(scales_sh + uint32_t(reinterpret_cast<const uint8_t*>(pa)[blk]) * 4);
-  if (fmt == KBIT_ABSMAX_F16) {
-    const unsigned short h = reinterpret_cast<const unsigned short*>(pa)[blk];
-    if constexpr (std::is_same<T, __half>::value) return uint32_t(h) | (uint32_t(h) << 16);
-    const float f = __half2float(__ushort_as_half(h));
-    return Pair<T>::pack(f, f);
-  }
-  const float f = reinterpret_cast<const float*>(pa)[blk];
-  return Pair<T>::pack(f, f);
-}
 
 // Value index (0 .. 2^k - 1) of the first (h = 0) or second (h = 1) value of table entry e:
 // k = 2..4: bits h, h + 2, h + 4, ... of e; k = 5: the same of the low byte, bit 4 from bit
@@ -346,10 +331,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
         *reinterpret_cast<uint4*>(gen + lay.table + e * kEntryBytes + (u % kChunksPerEntry) * 16) = make_uint4(v, v, v, v);
       }
     }
-    for (int i = tid; i < 256; i += kThreads) {
-      const float f = e4m4_decode(uint32_t(i));
-      *reinterpret_cast<uint32_t*>(gen + lay.scales + 4 * i) = Pair<T>::pack(f, f);
-    }
+    fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(gen + lay.scales), tid, kThreads);
     consumer_sync<kThreads>();
 
     const int r0 = wg * kWgRows + warp * 16 + g;  // CTA-local rows r0, r0 + 8 of this lane
@@ -384,7 +366,10 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
 #pragma unroll
             for (int p = 0; p < K_BITS; p++) w[p] = reinterpret_cast<const uint32_t*>(pw)[blk * K_BITS + p];
           }
-          const uint32_t s2 = scale_pair_of<T>(pa, blk, fmt, lay.scales);
+          const uint32_t s2 = scale_pair<T>(fmt == KBIT_ABSMAX_E4M4 ? uint32_t(reinterpret_cast<const uint8_t*>(pa)[blk])
+                                            : fmt == KBIT_ABSMAX_F16 ? uint32_t(reinterpret_cast<const unsigned short*>(pa)[blk])
+                                                                     : reinterpret_cast<const uint32_t*>(pa)[blk],
+                                            fmt, reinterpret_cast<const uint32_t*>(gen + lay.scales));
           uint32_t n = 0;
 #pragma unroll
           for (int p = 0; p < (K_BITS < 4 ? K_BITS : 4); p++)
