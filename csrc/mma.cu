@@ -787,22 +787,8 @@ inline int cluster_ctas(int device, const DeviceInfo& dev, int S) {
   if (known[device][lg] == 0) {
     constexpr auto kernel = mma_kernel<__half, 4, KBIT_ABSMAX_E4M4, 1, false, true>;
     int n = 0;
-    if (bulk_capable<kernel>(device) && smem_optin<kernel>(device, dev) == cudaSuccess) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(S * dev.sms));
-      cfg.blockDim = dim3(unsigned(kThreadsPerCta<1>));
-      cfg.dynamicSmemBytes = size_t(dev.smem_optin);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = unsigned(S);
-      attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-        cudaGetLastError();  // not sticky: clear it so the next launch does not report it
-        n = 0;
-      }
-    }
+    if (bulk_capable<kernel>(device) && smem_optin<kernel>(device, dev) == cudaSuccess)
+      n = clusters_at_once(kernel, unsigned(kThreadsPerCta<1>), size_t(dev.smem_optin), S, 0);
     known[device][lg] = n > 0 ? n * S : -1;
   }
   return max(known[device][lg], 0);

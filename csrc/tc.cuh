@@ -1,6 +1,6 @@
 // Helpers of the register decode (csrc/mma.cu, csrc/wgmma.cu): private per-lane codebook
-// tables addressed by one PRMT, packed multiplies, shared loads, and the cluster operations of
-// their split-K epilogues.
+// tables addressed by one PRMT, packed multiplies, shared loads, the block-scale pairs, and the
+// cluster occupancy query and cluster operations of their split-K variants.
 #pragma once
 #include <stdint.h>
 
@@ -66,6 +66,33 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t bits, int fmt, const uin
     return Pair<T>::pack(f, f);
   }
   return Pair<T>::pack(__uint_as_float(bits), __uint_as_float(bits));
+}
+
+// Host: clusters of `size` CTAs of `kernel` (threads and dynamic shared memory bytes per CTA;
+// the cluster along grid dimension `axis`, 0 = x .. 2 = z) that the current device runs at
+// once (cudaOccupancyMaxActiveClusters), or 0 when none fit or the query fails; its error is
+// cleared (not sticky: the next launch must not report it).
+template <typename Kernel>
+inline int clusters_at_once(Kernel kernel, unsigned threads, size_t smem, int size, int axis) {
+  unsigned dims[3] = {1, 1, 1};
+  dims[axis] = unsigned(size);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(dims[0], dims[1], dims[2]);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = dims[0];
+  attr[0].val.clusterDim.y = dims[1];
+  attr[0].val.clusterDim.z = dims[2];
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return n > 0 ? n : 0;
 }
 
 // Thread-block clusters (sm_90+; the split-K variant): a barrier over the cluster's CTAs whose

@@ -429,6 +429,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
 
   // Accumulator fragment: acc[4i + 2h + e] is weight row r0 + 8h, token 8i + 2c + e.
   const int r0 = wg * kWgRows + warp * 16 + g;
+  const bool vec_out = (reinterpret_cast<uintptr_t>(out) % 16 == 0) && ldo % 8 == 0;  // 16-byte stores
   if (splits == 1) {
     if (producer) return;
     // C through shared memory, transposed by stmatrix: each warp writes its 16 rows x kTok
@@ -446,7 +447,6 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
 #pragma unroll
     for (int h = 0; h < 2; h++)
       if (bias != nullptr && nw + g + 8 * h < N) bv[h] = to_float(bias[nw + g + 8 * h]);
-    const bool vec_out = (reinterpret_cast<uintptr_t>(out) % 16 == 0) && ldo % 8 == 0;
     const int q = lane >> 3;  // stmatrix: lane gives row lane % 8 of matrix q = 2 * (chunk) + row half
 #pragma unroll
     for (int pass = 0; pass < TN / kTok; pass++) {
@@ -497,7 +497,6 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
   cluster_sync();
   const int z = int(blockIdx.z);
   const int my_tokens = (TN - z + splits - 1) / splits;
-  const bool vec_out = (reinterpret_cast<uintptr_t>(out) % 16 == 0) && ldo % 8 == 0;
   for (int u = tid; u < my_tokens * (S::rows / 8); u += kThreads + 32) {
     const int t = z + (u / (S::rows / 8)) * splits, q = u % (S::rows / 8);
     const int tok = m0 + t, n = n0 + 8 * q;
@@ -616,36 +615,22 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     if (e != cudaSuccess) return e;
     attr_bytes[device] = smem;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), 1);
-  cfg.blockDim = dim3(WG * 128 + 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  cfg.attrs = attr;
   // K split over a cluster of `splits` CTAs: the count whose waves x steps per CTA is least
   // (+ kSplitOverhead steps per CTA for the table build and the reduction; ties: fewer
   // splits), with at least 2 steps per CTA. Waves come from the clusters that fit at once
-  // (cudaOccupancyMaxActiveClusters, once per device and count): at one CTA per SM, clusters
-  // of 4 fit on fewer than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
+  // (clusters_at_once, once per device and count): at one CTA per SM, clusters of 4 fit on
+  // fewer than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
+  const unsigned threads = WG * 128 + 32;
+  const int64_t tiles = ceil_div(N, kWgRows * WG) * ceil_div(M, TN);
   if (splits == 0) {
-    static int fit[64][kMaxSplits + 1] = {};  // clusters (CTAs for 1) at once; 0 unknown
+    static int fit[64][kMaxSplits + 1] = {};  // clusters (CTAs for 1) at once; 0 unknown, -1 none
     constexpr int64_t kSplitOverhead = 4;
-    const int64_t tiles = int64_t(cfg.gridDim.x) * cfg.gridDim.y, kt = ceil_div(K, kStepK);
+    const int64_t kt = ceil_div(K, kStepK);
     int64_t best = -1;
+    splits = 1;
     for (int sp = 1; sp <= kMaxSplits && (sp == 1 || kt >= 2 * sp); sp++) {
       if (fit[device][sp] == 0) {
-        int n = 0;
-        attr[0].val.clusterDim.z = unsigned(sp);
-        cfg.gridDim.z = unsigned(sp);
-        cfg.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-          (void)cudaGetLastError();
-          n = 0;
-        }
+        const int n = clusters_at_once(kernel, threads, smem, sp, 2);
         fit[device][sp] = n > 0 ? n : -1;
       }
       if (fit[device][sp] < 0) continue;
@@ -655,11 +640,19 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
         splits = sp;
       }
     }
-    if (splits == 0) splits = 1;
   }
   if (splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), unsigned(splits));
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = unsigned(splits);
-  cfg.gridDim.z = unsigned(splits);
+  cfg.attrs = attr;
   cfg.numAttrs = splits > 1 ? 1 : 0;
   // x as a 2-D tensor [M, K] (row stride ldx) read in boxes of 64 k x TN tokens with 128-byte
   // swizzle; out-of-range elements (tokens >= M, k >= K) arrive as zeros.

@@ -507,7 +507,6 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
         return None
     if x.stride(-1) != 1:
         x = x.contiguous()
-    target = out
     if cfn == "kbit_wgmma":  # 16-byte aligned x rows (TMA); any output alignment
         if x.data_ptr() % 16 or x.stride(0) % 8:
             x = x.clone(memory_format=torch.contiguous_format)
@@ -519,8 +518,6 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
         bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0),
     )
     _lib.check(rc, cfn[5:])
-    if out is not target:
-        target.copy_(out)
     return None
 
 
