@@ -5,7 +5,8 @@
 // read from shared memory. D[64 weight rows, TN tokens] += A[64 rows, 16 k] * B[16 k, TN].
 //
 // CTA: WG consumer warpgroups (warpgroup w owns weight rows 64w .. 64w + 63 of the CTA's
-// 64 * WG) and one producer warp; a tile of TN tokens shared by the warpgroups; K split over
+// 64 * WG) and one producer warp (a producer warpgroup that hands its registers to the
+// consumers at TN = 256, WG = 2: kRegSplit); a tile of TN tokens shared by the warpgroups; K split over
 // the `splits` CTAs of a cluster (blockIdx.z; 1 = no split). Per 64-k step (one tiled64
 // k-tile):
 // - the producer warp fills one of S shared stages, completing on the stage's "full"
@@ -69,6 +70,11 @@ namespace {
 #ifndef KBIT_WG_MARK
 #define KBIT_WG_MARK(s, p)
 #endif
+// Timeline hook for the phases of a call (entry, tables built, main loop done, partials
+// written, end): empty in the library.
+#ifndef KBIT_WG_PHASE
+#define KBIT_WG_PHASE(p)
+#endif
 
 constexpr int kStepK = 64;      // k values per step: one tiled64 k-tile
 constexpr int kWgRows = 64;     // weight rows per warpgroup (the wgmma M)
@@ -80,6 +86,15 @@ constexpr uint32_t kTableAlign = 64 * 1024;  // the PRMT addressing needs bytes 
 // indices) of 256 bytes (lane L's pair at L * 4; the upper half unused); k = 5: 1024 entries
 // (low byte as for k = 4, 2 high bits) at lo * 256 + hi * 64 + (L % 16) * 4.
 template <int K_BITS> constexpr uint32_t kTableBytes = K_BITS == 5 ? 64 * 1024 : 256u << (2 * K_BITS);
+
+// Producer threads: one warp, or (kRegSplit) a whole warpgroup that gives its registers to the
+// consumers. At TN = 256 with 2 consumer warpgroups, 9 warps split the register file as 3 per
+// SM sub-partition, 168 registers each, and the 128 accumulators per thread no longer fit
+// (ptxas serialized the wgmmas, C7512); with a producer warpgroup the consumers take 232
+// registers and the producer 40 (setmaxnreg: 2 x 232 + 40 = 3 x 168).
+template <int TN, int WG> constexpr bool kRegSplit = TN == 256 && WG == 2;
+template <int TN, int WG> constexpr int kProducerThreads = kRegSplit<TN, WG> ? 128 : 32;
+constexpr int kConsumerRegs = 232, kProducerRegs = 40;
 
 // Bytes of one stage and of the split-K reduction tile.
 template <int K_BITS, int TN, int WG>
@@ -97,7 +112,8 @@ struct Shape {
 // (`base`): stages in front of the 64 KB aligned table as far as they fit, the others behind
 // it; then the E4M4 scale table and the mbarriers. The reduction tile (after the main loop:
 // split-K partials, or the C passes of the epilogue) reuses the front stages if it fits
-// there, else the back ones.
+// there, else the codebook table and the back stages (both dead after the main loop; the
+// consumers synchronize before writing it).
 struct RsLayout {
   uint32_t front, back, table, red, scales, bars, end;
   int n_front;
@@ -117,8 +133,8 @@ __host__ __device__ inline RsLayout rs_layout(uint32_t base, uint32_t stage_byte
   if (red_bytes <= room) {
     l.red = l.front;
   } else {
-    l.red = l.back;
-    e = max(e, l.back + red_bytes);
+    l.red = l.table;
+    e = max(e, l.table + red_bytes);
   }
   l.scales = e;
   l.bars = e + kScalePairBytes;
@@ -138,6 +154,11 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   KBIT_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+// Per-thread register limit of the calling warpgroup (every warp of it runs the same one).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { KBIT_WGMMA_ASM("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { KBIT_WGMMA_ASM("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
 // Four 8x8 16-bit matrices from mma-fragment registers into shared memory, transposed: lane
 // L gives the address of stored row L % 8 of matrix L / 8, which receives column L % 8 of
 // that matrix's fragment.
@@ -236,13 +257,15 @@ __device__ __forceinline__ int value_index(uint32_t e, int h) {
 }
 
 template <typename T, int K_BITS, int TN, int WG>
-__global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
+__global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K, int stages,
     int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
   using S = Shape<K_BITS, TN, WG>;
-  constexpr int kThreads = WG * 128;  // consumers; the producer warp is tid >= kThreads
+  constexpr int kThreads = WG * 128;  // consumers; the producer warp(group) is tid >= kThreads
+  constexpr int kAll = kThreads + kProducerThreads<TN, WG>;
   extern __shared__ __align__(1024) char smem_raw[];
+  KBIT_WG_PHASE(0);
   const uint32_t base = smem_u32(smem_raw);
   const RsLayout lay = rs_layout(base, S::stage_bytes, stages, kTableBytes<K_BITS>, S::red_bytes);
   {
@@ -266,7 +289,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
   const uint32_t p_bytes = rows * 8 * K_BITS, a_bytes = rows * 2 * esize;  // multiples of 16
   if (rows < S::rows) {
     constexpr int kTail = (S::packed_bytes + S::absmax_bytes) / 16;
-    for (int i = tid; i < stages * kTail; i += kThreads + 32)
+    for (int i = tid; i < stages * kTail; i += kAll)
       *reinterpret_cast<uint4*>(gen + lay.stage(i / kTail, S::stage_bytes) + S::x_bytes + (i % kTail) * 16) =
           make_uint4(0u, 0u, 0u, 0u);
   }
@@ -288,7 +311,8 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
   const int lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7, g = lane >> 2, c = lane & 3;
 
   if (producer) {
-    if (lane == 0) {
+    if constexpr (kRegSplit<TN, WG>) setmaxnreg_dec<kProducerRegs>();
+    if (tid == kThreads) {
       const char* psrc = reinterpret_cast<const char*>(packed) + int64_t(n0) * 2 * K_BITS * 4;
       const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize;
       const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
@@ -313,7 +337,23 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
         }
       }
     }
+#ifdef KBIT_WG_FIRST_COPY_PROBE  // scripts/wgmma_timeline.cu: when step 0's copies landed
+    if (kRegSplit<TN, WG> && tid == kThreads + 32) {
+      mbar_wait(full0, 0);
+      KBIT_WG_PHASE(6);
+    }
+#endif
+    if constexpr (kRegSplit<TN, WG>) {
+      // With 40 registers the producer warpgroup runs no epilogue code: it only takes part in
+      // the split-K reduction's two cluster barriers.
+      if (splits > 1) {
+        cluster_sync();
+        cluster_sync();
+      }
+      return;
+    }
   } else {
+    if constexpr (kRegSplit<TN, WG>) setmaxnreg_inc<kConsumerRegs>();
     // Tables: the private codebook pairs (consumers fill them while the first copies fly)
     // and the E4M4 scale pairs. A row of the codebook table holds one entry in every lane's
     // column (k <= 4: 32 columns of 4 bytes in 256; k = 5: 4 high-bit pairs x 16 columns), so
@@ -333,6 +373,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
     }
     fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(gen + lay.scales), tid, kThreads);
     consumer_sync<kThreads>();
+    KBIT_WG_PHASE(1);
 
     const int r0 = wg * kWgRows + warp * 16 + g;  // CTA-local rows r0, r0 + 8 of this lane
     const uint32_t lane_base = lay.table | uint32_t(K_BITS == 5 ? (lane & 15) * 4 : lane * 4);
@@ -425,6 +466,7 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
     }
     wgmma_wait<0>();
     fence_regs(acc);
+    KBIT_WG_PHASE(2);
   }
 
   // Accumulator fragment: acc[4i + 2h + e] is weight row r0 + 8h, token 8i + 2c + e.
@@ -480,13 +522,14 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
       }
       __syncwarp();  // the next pass overwrites the region
     }
+    KBIT_WG_PHASE(5);
     return;
   }
   // Split K: this CTA's fp32 tile [TN tokens][rows] into shared memory, then CTA z of the
   // cluster adds tokens t with t % splits == z over the cluster's CTAs and writes them.
   float* red = reinterpret_cast<float*>(gen + lay.red);
   if (!producer) {
-    if (WG > 1) consumer_sync<kThreads>();  // the tile overlays stages the other warpgroups may still read
+    consumer_sync<kThreads>();  // the tile overlays stages and the table other warps may still read
 #pragma unroll
     for (int i = 0; i < TN / 8; i++)
 #pragma unroll
@@ -495,29 +538,40 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
         for (int e = 0; e < 2; e++) red[(8 * i + 2 * c + e) * S::red_stride + r0 + 8 * h] = acc[4 * i + 2 * h + e];
   }
   cluster_sync();
+  KBIT_WG_PHASE(3);
   const int z = int(blockIdx.z);
   const int my_tokens = (TN - z + splits - 1) / splits;
-  for (int u = tid; u < my_tokens * (S::rows / 8); u += kThreads + 32) {
+  constexpr int kReducers = kRegSplit<TN, WG> ? kThreads : kAll;  // the producer warpgroup has left
+  for (int u = tid; u < my_tokens * (S::rows / 8); u += kReducers) {
     const int t = z + (u / (S::rows / 8)) * splits, q = u % (S::rows / 8);
     const int tok = m0 + t, n = n0 + 8 * q;
     if (tok >= M || n >= N) continue;
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    const uint32_t off = lay.red + uint32_t(t * S::red_stride + 8 * q) * 4;
-    for (int r = 0; r < splits; r++) {
-      const float4 p0 = ld_cluster_f32x4(off, uint32_t(r)), p1 = ld_cluster_f32x4(off + 16, uint32_t(r));
-      v[0] += p0.x; v[1] += p0.y; v[2] += p0.z; v[3] += p0.w;
-      v[4] += p1.x; v[5] += p1.y; v[6] += p1.z; v[7] += p1.w;
+    // Every CTA's partials (and the bias) requested before the first is added: one
+    // distributed-shared-memory round trip per item instead of one per split (a chain of
+    // `splits` round trips per item took 4-7 us at TN = 256, NOTES.md v13).
+    float bv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (bias != nullptr) {
+#pragma unroll
+      for (int j = 0; j < 8; j++) bv[j] = to_float(bias[n + j]);
     }
+    const uint32_t off = lay.red + uint32_t(t * S::red_stride + 8 * q) * 4;
+    float4 part[kMaxSplits][2];
+#pragma unroll
+    for (int r = 0; r < kMaxSplits; r++)
+      if (r < splits) {
+        part[r][0] = ld_cluster_f32x4(off, uint32_t(r));
+        part[r][1] = ld_cluster_f32x4(off + 16, uint32_t(r));
+      }
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < kMaxSplits; r++)
+      if (r < splits) {
+        v[0] += part[r][0].x; v[1] += part[r][0].y; v[2] += part[r][0].z; v[3] += part[r][0].w;
+        v[4] += part[r][1].x; v[5] += part[r][1].y; v[6] += part[r][1].z; v[7] += part[r][1].w;
+      }
     uint32_t o[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      float b0 = 0.f, b1 = 0.f;
-      if (bias != nullptr) {
-        b0 = to_float(bias[n + 2 * j]);
-        b1 = to_float(bias[n + 2 * j + 1]);
-      }
-      o[j] = Pair<T>::pack(v[2 * j] * shift_up + b0, v[2 * j + 1] * shift_up + b1);
-    }
+    for (int j = 0; j < 4; j++) o[j] = Pair<T>::pack(v[2 * j] * shift_up + bv[2 * j], v[2 * j + 1] * shift_up + bv[2 * j + 1]);
     T* dst = out + int64_t(tok) * ldo + n;
     if (vec_out) {
       *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
@@ -530,11 +584,13 @@ __global__ void __launch_bounds__(WG * 128 + 32, 1) wgmma_kernel(
       }
     }
   }
+  KBIT_WG_PHASE(4);
   cluster_sync();  // no CTA leaves while the others read its tile
+  KBIT_WG_PHASE(5);
 }
 
 // Configuration forced by kbit_wgmma_force_config (tests, sweeps): TN (32, 64, 128, 256), WG
-// (1, 2; TN = 256 only with 1), splits (1..8); 0 = automatic.
+// (1, 2), splits (1..8); 0 = automatic.
 int& forced_tn() { static int v = 0; return v; }
 int& forced_wg() { static int v = 0; return v; }
 int& forced_splits() { static int v = 0; return v; }
@@ -577,15 +633,27 @@ bool wgmma_capable(int device) {
 #endif
 }
 
-// (TN, WG) of a call: the token tile TN covers M where it can (wgmma N: 32..256); two
-// warpgroups per CTA (x shared by 128 weight rows) once the tiles fill the SMs twice. The K
-// split is chosen in launch_cfg, where the kernel's occupancy is known.
+// (TN, WG) of a call. Up to M = 128 the token tile TN covers M (wgmma N: 32..128) with one
+// warpgroup (two once the tiles fill the SMs twice). Above: TN = 256 with 2 warpgroups where
+// that makes 0.3+ tiles per SM, else TN = 128 with 2 warpgroups from 0.44 tiles per SM on, else
+// 1. From H100 sweeps at k = 4 and 5 (NOTES.md v13), e.g. us at M = 256 / 512, k = 4: gateup
+// 256.2 20.3 / 27.7 (128.2 19.6 / 42.3); down 128.1 20.7, 128.2 27.4 (256.2 25.0 / 30.0); KV
+// 128.1 9.5 / 10.4 (256.1 11.4 / 12.4). The K split is chosen in launch_cfg, where the
+// kernel's occupancy is known.
 void choose(int64_t M, int64_t N, int& tn, int& wg, int sms) {
-  tn = M <= 32 ? 32 : M <= 64 ? 64 : M <= 128 ? 128 : 256;
+  const int64_t rows2 = ceil_div(N, 128);  // row tiles of a 2-warpgroup CTA
+  if (M <= 128) {
+    tn = M <= 32 ? 32 : M <= 64 ? 64 : 128;
+    wg = ceil_div(M, tn) * rows2 >= 2 * sms ? 2 : 1;
+  } else if (10 * ceil_div(M, 256) * rows2 >= 3 * sms) {
+    tn = 256;
+    wg = 2;
+  } else {
+    tn = 128;
+    wg = 9 * ceil_div(M, 128) * rows2 >= 4 * sms ? 2 : 1;
+  }
   if (forced_tn() != 0) tn = forced_tn();
-  wg = ceil_div(M, tn) * ceil_div(N, 128) >= 2 * sms ? 2 : 1;
   if (forced_wg() != 0) wg = forced_wg();
-  if (wg == 2 && tn == 256) tn = 128;  // not instantiated (registers)
 }
 
 // Stages that fit the device's shared memory for this configuration (0: none).
@@ -620,7 +688,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   // splits), with at least 2 steps per CTA. Waves come from the clusters that fit at once
   // (clusters_at_once, once per device and count): at one CTA per SM, clusters of 4 fit on
   // fewer than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
-  const unsigned threads = WG * 128 + 32;
+  const unsigned threads = WG * 128 + kProducerThreads<TN, WG>;
   const int64_t tiles = ceil_div(N, kWgRows * WG) * ceil_div(M, TN);
   if (splits == 0) {
     static int fit[64][kMaxSplits + 1] = {};  // clusters (CTAs for 1) at once; 0 unknown, -1 none
@@ -678,7 +746,7 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
   if (tn == TN_ && wg == WG_)                                                                     \
     return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo);
   KBIT_WG_CASE(32, 1) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(128, 1) KBIT_WG_CASE(256, 1)
-  KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2)  // (256, 2): ptxas serializes its wgmmas (C7512)
+  KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2) KBIT_WG_CASE(256, 2)
 #undef KBIT_WG_CASE
   return cudaErrorInvalidValue;
 }

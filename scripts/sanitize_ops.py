@@ -57,7 +57,7 @@ if ops.wgmma_supports(1, 64, 64, 4, "cuda"):
     for k in (2, 3, 4, 5):
         fmt = ("e4m4", "fp16", "fp32")[k % 3]
         t = kbit.repack(kbit.quantize(torch.randn(200, 4128, device="cuda") * 0.1, k=k, absmax_format=fmt))
-        for cfg in ((32, 1, 1), (64, 1, 3), (128, 1, 1), (256, 1, 2), (32, 2, 4), (128, 2, 1)):
+        for cfg in ((32, 1, 1), (64, 1, 3), (128, 1, 1), (256, 1, 2), (32, 2, 4), (128, 2, 1), (256, 2, 1), (256, 2, 3)):
             ops.force_wgmma_config(*cfg)
             for m in (5, 70):
                 ops.wgmma(torch.randn(m, 4128, device="cuda").to((torch.float16, torch.bfloat16)[m % 2]),

@@ -1,10 +1,12 @@
 // Per-step timeline of one CTA of csrc/wgmma.cu (no Python): where does a 64-k step go?
 // Build: nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -DKBIT_HAS_SM90A scripts/wgmma_timeline.cu -o wtl
-// Run on the GPU: ./wtl k M N K     (thread 0 of CTA (0, 0), a consumer; clock64 cycles, mean
-// over steps 2 .. KT - 3 of the time from the step's start (its copies landed) to each point:
-// 1 = A fragments decoded, 2 = the previous step's MMAs done; then the mean step length;
-// points never marked are left out). Random weights: timing only. Not run since the kernel
-// became the register-A design (session 11).
+// Run on the GPU: ./wtl k M N K [TN WG splits]   (thread 0 of CTA (0, 0, 0), a consumer; clock64
+// cycles, mean over steps 2 .. KT - 3 of the time from the step's start (its copies landed) to
+// each point: 1 = A fragments decoded, 2 = the previous step's MMAs done; then the mean step
+// length; points never marked are left out; then the phases of the call from kernel entry:
+// tables built, first step's copies landed, main loop done, split-K partials written, end;
+// and the call's time from events). TN WG splits force the configuration (0 = automatic).
+// Constant weights: timing only.
 #include <cstdio>
 #include <cstdlib>
 
@@ -15,6 +17,13 @@ __device__ long long kbit_wtl[kMaxSteps][8];
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && (s) < kMaxSteps)     \
       kbit_wtl[(s)][(p)] = clock64();                                                  \
   } while (0)
+__device__ long long kbit_phase[8];
+#define KBIT_WG_PHASE(p)                                                                           \
+  do {                                                                                              \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && (threadIdx.x == 0 || (p) >= 6))  \
+      kbit_phase[(p)] = clock64();                                                                 \
+  } while (0)
+#define KBIT_WG_FIRST_COPY_PROBE
 #include "wgmma.cu"
 
 #include "cuda_check.h"
@@ -23,6 +32,7 @@ int main(int argc, char** argv) {
   const int k = argc > 1 ? atoi(argv[1]) : 4, M = argc > 2 ? atoi(argv[2]) : 16;
   const int64_t N = argc > 3 ? atoll(argv[3]) : 512, K = argc > 4 ? atoll(argv[4]) : 2048;
   const int64_t KT = (K + 63) / 64;
+  if (argc > 7) kbit_wgmma_force_config(atoi(argv[5]), atoi(argv[6]), atoi(argv[7]));
   int32_t* packed; uint8_t* absmax; float* cb; __half *x, *y;
   CK(cudaMalloc(&packed, KT * N * 2 * k * 4));
   CK(cudaMalloc(&absmax, KT * N * 2));
@@ -33,14 +43,22 @@ int main(int argc, char** argv) {
   CK(cudaMemset(absmax, 0x70, KT * N * 2));  // E4M4 code 0x70: 1.0
   CK(cudaMemset(cb, 0, 32 * 4));
   CK(cudaMemset(x, 0, size_t(M) * K * 2));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float ms = 0.f;
   for (int rep = 0; rep < 3; rep++) {
+    CK(cudaEventRecord(e0));
     CK(cudaError_t(kbit_wgmma(0, nullptr, x, KBIT_F16, M, K, packed, absmax, KBIT_ABSMAX_E4M4, cb, k, N, K, 0,
                               nullptr, y, N)));
+    CK(cudaEventRecord(e1));
     CK(cudaDeviceSynchronize());
+    CK(cudaEventElapsedTime(&ms, e0, e1));
   }
   static long long t[kMaxSteps][8];
   CK(cudaMemcpyFromSymbol(t, kbit_wtl, sizeof(t)));
-  const int steps = int(KT < kMaxSteps ? KT : kMaxSteps);
+  int steps = 0;  // of CTA (0, 0, 0): a K split gives it fewer than KT
+  while (steps < kMaxSteps && steps < KT && t[steps][0] != 0) steps++;
   double sum[8] = {}, len = 0;
   int n = 0;
   for (int s = 2; s < steps - 3; s++, n++) {
@@ -51,5 +69,11 @@ int main(int argc, char** argv) {
   for (int p = 1; p <= 6; p++)
     if (t[2][p] != 0) printf(" p%d %.0f", p, sum[p] / n);
   printf(" | step %.0f cycles\n", len / n);
+  static long long ph[8];
+  CK(cudaMemcpyFromSymbol(ph, kbit_phase, sizeof(ph)));
+  printf("  phases (cycles from entry): tables %lld, first copies landed %lld (TN 256 WG 2 only), first step %lld, loop done %lld, partials %lld, reduced %lld, end %lld"
+         " | %d steps | call %.1f us\n",
+         ph[1] - ph[0], ph[6] ? ph[6] - ph[0] : 0, t[0][0] - ph[0], ph[2] - ph[0], ph[3] ? ph[3] - ph[0] : 0, ph[4] ? ph[4] - ph[0] : 0,
+         ph[5] - ph[0], steps, ms * 1e3);
   return 0;
 }

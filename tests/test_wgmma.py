@@ -21,8 +21,10 @@ needs_wgmma = pytest.mark.skipif(not WGMMA, reason="needs a compute capability 9
 SHAPES = [(512, 2048), (200, 4128), (64, 40), (136, 5120), (8, 96)]
 MS = (1, 2, 15, 16, 17, 33, 64, 65, 100, 128, 129, 256, 300)
 # (tokens per CTA, warpgroups, K splits over a cluster): every tile width and warpgroup count
-# the launcher has, with and without split-K (3 and 8 leave a split with fewer steps or none)
-CONFIGS = [(32, 1, 1), (64, 1, 4), (128, 1, 1), (256, 1, 3), (32, 2, 8), (64, 2, 1), (128, 2, 2)]
+# the launcher has, with and without split-K (3 and 8 leave a split with fewer steps or none);
+# (256, 2) is the variant with a producer warpgroup and setmaxnreg
+CONFIGS = [(32, 1, 1), (64, 1, 4), (128, 1, 1), (256, 1, 3), (32, 2, 8), (64, 2, 1), (128, 2, 2),
+           (256, 2, 1), (256, 2, 4)]
 
 
 def _rel_err(got, want):
