@@ -356,19 +356,26 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     if constexpr (kRegSplit<TN, WG>) setmaxnreg_inc<kConsumerRegs>();
     // Tables: the private codebook pairs (consumers fill them while the first copies fly)
     // and the E4M4 scale pairs. A row of the codebook table holds one entry in every lane's
-    // column (k <= 4: 32 columns of 4 bytes in 256; k = 5: 4 high-bit pairs x 16 columns), so
-    // a thread stores one entry's pair into 4 adjacent columns at once.
+    // column (k <= 4: 32 columns of 4 bytes in 256; k = 5: 4 high-bit pairs x 16 columns).
+    // A thread computes one entry and stores it into all of the row's columns, 4 at a time,
+    // starting at a chunk rotated by the thread index so that a warp's stores spread over
+    // every bank. (One thread per 16-byte chunk, computing the entry each time, took 2800 /
+    // 4000 cycles at k = 4 / 5, longer than the first copies: NOTES.md v13.)
     {
       constexpr int kChunksPerEntry = K_BITS == 5 ? 4 : 8;  // 16-byte chunks of an entry
       constexpr int kEntries = K_BITS == 5 ? 1024 : 1 << (2 * K_BITS);  // k = 5: 256 lo x 4 hi
       constexpr int kEntryBytes = K_BITS == 5 ? 64 : 256;
+      // k = 5: entries of 64 bytes, 2 per 128-byte bank row: rotate by tid / 2 (tid % 2 picks the half)
+      const int rot = K_BITS == 5 ? tid >> 1 : tid;
 #pragma unroll 4
-      for (int u = tid; u < kEntries * kChunksPerEntry; u += kThreads) {
-        const uint32_t e = uint32_t(u / kChunksPerEntry);
-        const uint32_t key = K_BITS == 5 ? (e >> 2) | ((e & 3u) << 8) : e;  // k = 5: e = lo * 4 + hi
+      for (int e = tid; e < kEntries; e += kThreads) {
+        const uint32_t key = K_BITS == 5 ? (uint32_t(e) >> 2) | ((uint32_t(e) & 3u) << 8) : uint32_t(e);  // k = 5: e = lo * 4 + hi
         const uint32_t v = Pair<T>::pack(__ldg(codebook + value_index<K_BITS>(key, 0)),
                                          __ldg(codebook + value_index<K_BITS>(key, 1)));
-        *reinterpret_cast<uint4*>(gen + lay.table + e * kEntryBytes + (u % kChunksPerEntry) * 16) = make_uint4(v, v, v, v);
+        char* const row = gen + lay.table + e * kEntryBytes;
+#pragma unroll
+        for (int c = 0; c < kChunksPerEntry; c++)
+          *reinterpret_cast<uint4*>(row + ((c + rot) % kChunksPerEntry) * 16) = make_uint4(v, v, v, v);
       }
     }
     fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(gen + lay.scales), tid, kThreads);
@@ -474,16 +481,16 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   const bool vec_out = (reinterpret_cast<uintptr_t>(out) % 16 == 0) && ldo % 8 == 0;  // 16-byte stores
   if (splits == 1) {
     if (producer) return;
-    // C through shared memory, transposed by stmatrix: each warp writes its 16 rows x kTok
+    // C through shared memory, transposed by stmatrix: each warp writes its 16 rows x TN
     // tokens as token rows of 16 values (T) into its own part of the reduction tile's space,
     // then stores 8 rows of one token with one 16-byte store. Per-element 2-byte stores
     // straight from the fragments cost ~half of a TN = 256 call (ncu: instruction-cache misses
-    // in the unrolled epilogue, NOTES.md v12).
-    consumer_sync<kThreads>();  // the space overlays stages other warps may still read
-    constexpr int kTok = TN < 64 ? TN : 64;  // tokens per pass
-    constexpr int kRowBytes = 48;             // 32 bytes of values + 16: conflict-free stmatrix rows
-    static_assert(kThreads / 32 * kTok * kRowBytes <= S::red_bytes, "C passes must fit the reduction tile");
-    const uint32_t region = lay.red + uint32_t((tid >> 5) * kTok * kRowBytes);
+    // in the unrolled epilogue, NOTES.md v12). All TN tokens are staged before the stores
+    // (was: passes of 64 tokens; same speed, NOTES.md v13).
+    consumer_sync<kThreads>();  // the space overlays stages and the table other warps may still read
+    constexpr int kRowBytes = 48;  // 32 bytes of values + 16: conflict-free stmatrix rows
+    static_assert(kThreads / 32 * TN * kRowBytes <= S::red_bytes, "C rows must fit the reduction tile");
+    const uint32_t region = lay.red + uint32_t((tid >> 5) * TN * kRowBytes);
     const int nw = n0 + wg * kWgRows + warp * 16;  // first weight row of this warp
     float bv[2] = {0.f, 0.f};
 #pragma unroll
@@ -491,36 +498,31 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
       if (bias != nullptr && nw + g + 8 * h < N) bv[h] = to_float(bias[nw + g + 8 * h]);
     const int q = lane >> 3;  // stmatrix: lane gives row lane % 8 of matrix q = 2 * (chunk) + row half
 #pragma unroll
-    for (int pass = 0; pass < TN / kTok; pass++) {
+    for (int i = 0; i < TN / 8; i += 2) {
+      uint32_t r[4];
 #pragma unroll
-      for (int i8 = 0; i8 < kTok / 8; i8 += 2) {
-        const int i = pass * (kTok / 8) + i8;
-        uint32_t r[4];
+      for (int di = 0; di < 2; di++)
 #pragma unroll
-        for (int di = 0; di < 2; di++)
+        for (int h = 0; h < 2; h++)
+          r[2 * di + h] = Pair<T>::pack(acc[4 * (i + di) + 2 * h] * shift_up + bv[h],
+                                        acc[4 * (i + di) + 2 * h + 1] * shift_up + bv[h]);
+      stmatrix_x4_trans(region + uint32_t(((i + (q >> 1)) * 8 + (lane & 7)) * kRowBytes + (q & 1) * 16), r);
+    }
+    __syncwarp();
+#pragma unroll 4
+    for (int u = lane; u < TN * 2; u += 32) {
+      const int t = u >> 1, half = u & 1;
+      const int tok = m0 + t, n = nw + 8 * half;
+      if (tok >= M || n >= N) continue;  // N % 8 == 0: a half is all in or all out
+      const uint4 v = *reinterpret_cast<const uint4*>(gen + region + t * kRowBytes + half * 16);
+      T* dst = out + int64_t(tok) * ldo + n;
+      if (vec_out) {
+        *reinterpret_cast<uint4*>(dst) = v;
+      } else {
+        const T* pv = reinterpret_cast<const T*>(&v);
 #pragma unroll
-          for (int h = 0; h < 2; h++)
-            r[2 * di + h] = Pair<T>::pack(acc[4 * (i + di) + 2 * h] * shift_up + bv[h],
-                                          acc[4 * (i + di) + 2 * h + 1] * shift_up + bv[h]);
-        stmatrix_x4_trans(region + uint32_t(((i8 + (q >> 1)) * 8 + (lane & 7)) * kRowBytes + (q & 1) * 16), r);
+        for (int j = 0; j < 8; j++) dst[j] = pv[j];
       }
-      __syncwarp();
-#pragma unroll
-      for (int u = lane; u < kTok * 2; u += 32) {
-        const int t = u >> 1, half = u & 1;
-        const int tok = m0 + pass * kTok + t, n = nw + 8 * half;
-        if (tok >= M || n >= N) continue;  // N % 8 == 0: a half is all in or all out
-        const uint4 v = *reinterpret_cast<const uint4*>(gen + region + t * kRowBytes + half * 16);
-        T* dst = out + int64_t(tok) * ldo + n;
-        if (vec_out) {
-          *reinterpret_cast<uint4*>(dst) = v;
-        } else {
-          const T* pv = reinterpret_cast<const T*>(&v);
-#pragma unroll
-          for (int j = 0; j < 8; j++) dst[j] = pv[j];
-        }
-      }
-      __syncwarp();  // the next pass overwrites the region
     }
     KBIT_WG_PHASE(5);
     return;
