@@ -427,7 +427,7 @@ def _wgmma_available(index: int) -> bool:
 
 def force_wgmma_config(tn: int = 0, wg: int = 0, splits: int = 0) -> None:
     """Tests and experiments: make every wgmma launch use TN tokens (32, 64, 128, 256) and WG
-    warpgroups of 64 weight rows (1, 2; TN = 256 only with 1) per CTA, and split K over a
+    warpgroups of 64 weight rows (1, 2) per CTA, and split K over a
     cluster of `splits` CTAs (1..8); 0 = automatic."""
     if _lib.available():
         _lib._lib.kbit_wgmma_force_config(int(tn), int(wg), int(splits))
