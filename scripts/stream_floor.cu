@@ -1,0 +1,157 @@
+// stream_floor: how fast can one kernel call read S bytes of weights (cold L2) and write a
+// little, in the same CUDA-graph harness as `kbit bench`? The latency floor of any M = 1
+// kernel on this GPU, without decode work. Build and run on the device:
+//   nvcc -arch=sm_90a -O3 -std=c++17 -Icsrc scripts/stream_floor.cu -o sf && ./sf
+// Modes (each CTA owns bytes [cta * S / ctas, (cta + 1) * S / ctas)):
+//   ldg   : every thread loads 16-byte words of the CTA's range, all loads of a thread issued
+//           before any is used (U in flight per thread, then the next U)
+//   bulk  : thread 0 issues bulk copies of `piece` bytes into shared memory at entry (the
+//           whole range must fit), all threads wait on one mbarrier, then read shared memory
+//   strided: as bulk, but the range is `pieces` pieces of S / ctas / pieces bytes spread over
+//           the buffer with stride S / pieces (the tiled64 layout read by row groups: one piece
+//           per k-tile)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "../scripts/cuda_check.h"
+#include "async.cuh"
+
+using namespace kbit;
+
+template <int U>
+__global__ void __launch_bounds__(512) ldg_stream(const uint4* __restrict__ w, size_t vec_per_cta,
+                                                  uint32_t* __restrict__ out) {
+  const uint4* p = w + blockIdx.x * vec_per_cta;
+  uint32_t acc = 0;
+  for (size_t i = threadIdx.x; i < vec_per_cta; i += size_t(blockDim.x) * U) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const size_t j = i + size_t(u) * blockDim.x;
+      v[u] = j < vec_per_cta ? __ldcs(p + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+
+// piece j of CTA c at c * cta_stride + j * stride.
+__global__ void __launch_bounds__(512) bulk_stream(const char* __restrict__ w, uint32_t piece, int pieces,
+                                                   size_t cta_stride, size_t stride,
+                                                   uint32_t* __restrict__ out) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ __align__(8) uint64_t bar;
+  const uint32_t bar_sh = uint32_t(__cvta_generic_to_shared(&bar));
+  const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+  const char* base = w + size_t(blockIdx.x) * cta_stride;
+  if (threadIdx.x == 0) {
+    mbar_init(bar_sh, 1);
+    mbar_fence_init();
+    mbar_expect_tx(bar_sh, piece * uint32_t(pieces));
+    for (int j = 0; j < pieces; j++) bulk_copy(dst + j * piece, base + j * stride, piece, bar_sh);
+  }
+  __syncthreads();
+  mbar_wait(bar_sh, 0);
+  uint32_t acc = 0;
+  const uint4* s = reinterpret_cast<const uint4*>(smem);
+  for (uint32_t i = threadIdx.x; i < piece * uint32_t(pieces) / 16; i += blockDim.x) {
+    const uint4 v = s[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+
+__global__ void tiny(uint32_t* out) { out[blockIdx.x * blockDim.x + threadIdx.x] = threadIdx.x; }
+
+template <typename F>
+float graph_us(F launch, int n_variants, cudaStream_t st) {
+  const int calls = std::max(n_variants, 20);
+  for (int i = 0; i < n_variants; i++) launch(i, st);
+  CK(cudaStreamSynchronize(st));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  for (int j = 0; j < calls; j++) launch(j % n_variants, st);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int r = 0; r < 2; r++) CK(cudaGraphLaunch(ge, st));
+  std::vector<float> t;
+  for (int r = 0; r < 15; r++) {
+    CK(cudaEventRecord(a, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.f / calls);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return t[t.size() / 2];
+}
+
+int main() {
+  int sms;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t pool_bytes = size_t(512) << 20;
+  char* pool;
+  CK(cudaMalloc(&pool, pool_bytes));
+  CK(cudaMemset(pool, 1, pool_bytes));
+  uint32_t* out;
+  CK(cudaMalloc(&out, size_t(sms) * 4 * 1024 * 4));
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  CK(cudaFuncSetAttribute(bulk_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  printf("tiny kernel (1 block x 32): %.2f us\n",
+         graph_us([&](int, cudaStream_t s) { tiny<<<1, 32, 0, s>>>(out); }, 1, st));
+  printf("tiny kernel (%d blocks x 512): %.2f us\n", sms,
+         graph_us([&](int, cudaStream_t s) { tiny<<<sms, 512, 0, s>>>(out); }, 1, st));
+  // bytes: KV k=4, gateup k=2, Q k=4, gateup k=4, big/8, gateup fp16
+  const double mbs[] = {0.557, 2.95, 4.46, 5.57, 15.6, 21.0};
+  printf("| MB | mode | ctas | threads | piece B | us | GB/s |\n|---|---|---|---|---|---|---|\n");
+  for (double mb : mbs) {
+    // per-CTA bytes a multiple of 512 (so every piece count below divides it in 16-byte units)
+    const size_t per_cta = (size_t(mb * 1e6 / sms) + 511) / 512 * 512;
+    const size_t bytes = per_cta * sms;
+    const int nv = int(std::min<size_t>(200, std::max<size_t>(20, (300u << 20) / bytes)));
+    auto addr = [&](int i) { return pool + (size_t(i) * bytes) % (pool_bytes - bytes) / 256 * 256; };
+    auto report = [&](const char* mode, int ctas, int threads, size_t piece, float us) {
+      printf("| %.2f | %s | %d | %d | %zu | %.2f | %.0f |\n", bytes / 1e6, mode, ctas, threads, piece, us,
+             bytes / (us * 1e3));
+    };
+    for (int threads : {256, 512}) {
+      float us = graph_us([&](int i, cudaStream_t s) {
+        ldg_stream<4><<<sms, threads, 0, s>>>(reinterpret_cast<const uint4*>(addr(i)), per_cta / 16, out);
+      }, nv, st);
+      report("ldg U4", sms, threads, 0, us);
+      us = graph_us([&](int i, cudaStream_t s) {
+        ldg_stream<8><<<sms, threads, 0, s>>>(reinterpret_cast<const uint4*>(addr(i)), per_cta / 16, out);
+      }, nv, st);
+      report("ldg U8", sms, threads, 0, us);
+    }
+    if (per_cta <= 190 * 1024) {
+      for (int pieces : {1, 4, 16, 32}) {
+        const uint32_t piece = uint32_t(per_cta / pieces);
+        float us = graph_us([&](int i, cudaStream_t s) {
+          bulk_stream<<<sms, 512, per_cta, s>>>(addr(i), piece, pieces, per_cta, piece, out);
+        }, nv, st);
+        report("bulk contiguous", sms, 512, piece, us);
+        // strided: piece j of CTA c at c * piece + j * (sms * piece): a k-tile-major layout
+        us = graph_us([&](int i, cudaStream_t s) {
+          bulk_stream<<<sms, 512, per_cta, s>>>(addr(i), piece, pieces, piece, size_t(sms) * piece, out);
+        }, nv, st);
+        report("bulk strided", sms, 512, piece, us);
+      }
+    }
+  }
+  return 0;
+}
