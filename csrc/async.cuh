@@ -36,4 +36,20 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                 "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// An L2 eviction policy for bulk copies (createpolicy): evict-first for data a call reads once
+// (the weights), so streaming them does not push x, the codebook or the code out of L2.
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t p = 0;
+  if (evict_first) KBIT_BULK_ASM("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  else KBIT_BULK_ASM("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void bulk_copy_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                               uint64_t policy) {
+  KBIT_BULK_ASM(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy) : "memory");
+}
+
 }  // namespace kbit

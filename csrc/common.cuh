@@ -65,11 +65,31 @@ __device__ __forceinline__ uint32_t e4m4_encode(float v) {
   return (e << 4) + m;                          // m == 16 carries into the exponent
 }
 
+// A read-only load: STREAM = true marks the line evict-first in L1 and L2 (ld.global.cs, for
+// data a call reads once), else the non-coherent cached path (ld.global.nc).
+template <bool STREAM, typename V>
+__device__ __forceinline__ V load_ro(const V* p) {
+  if constexpr (STREAM) return __ldcs(p);
+  else return __ldg(p);
+}
+
+// A stored absmax element in two halves, so that the load can be issued long before its value
+// is used: the stored bits (zero-extended), then their scale (without the per-tensor power of
+// two).
+template <bool STREAM = false>
+__device__ __forceinline__ uint32_t load_absmax_bits(const void* absmax, int format, int64_t i) {
+  if (format == KBIT_ABSMAX_E4M4) return load_ro<STREAM>(static_cast<const uint8_t*>(absmax) + i);
+  if (format == KBIT_ABSMAX_F16) return load_ro<STREAM>(static_cast<const unsigned short*>(absmax) + i);
+  return __float_as_uint(load_ro<STREAM>(static_cast<const float*>(absmax) + i));
+}
+__device__ __forceinline__ float absmax_of_bits(uint32_t bits, int format) {
+  if (format == KBIT_ABSMAX_E4M4) return e4m4_decode(bits);
+  if (format == KBIT_ABSMAX_F16) return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  return __uint_as_float(bits);
+}
 // Stored absmax element -> float scale (without the per-tensor power of two).
 __device__ __forceinline__ float load_absmax(const void* absmax, int format, int64_t i) {
-  if (format == KBIT_ABSMAX_E4M4) return e4m4_decode(static_cast<const uint8_t*>(absmax)[i]);
-  if (format == KBIT_ABSMAX_F16) return __half2float(static_cast<const __half*>(absmax)[i]);
-  return static_cast<const float*>(absmax)[i];
+  return absmax_of_bits(load_absmax_bits(absmax, format, i), format);
 }
 
 // Index of block (n, kb) of an [N, KB] weight in a layout, counted in blocks.
@@ -166,17 +186,17 @@ inline int ctas_per_sm(Kernel kernel, int threads) {
 
 // The k plane words of one block, loaded with the widest aligned vector load: blocks start at
 // multiples of k words, so k = 4 is one 16-byte load and k = 2 one 8-byte load.
-template <int K_BITS>
+template <int K_BITS, bool STREAM = false>
 __device__ __forceinline__ void load_words(uint32_t (&w)[K_BITS], const int32_t* src) {
   if constexpr (K_BITS == 4) {
-    const int4 v = __ldg(reinterpret_cast<const int4*>(src));
+    const int4 v = load_ro<STREAM>(reinterpret_cast<const int4*>(src));
     w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
   } else if constexpr (K_BITS == 2) {
-    const int2 v = __ldg(reinterpret_cast<const int2*>(src));
+    const int2 v = load_ro<STREAM>(reinterpret_cast<const int2*>(src));
     w[0] = v.x; w[1] = v.y;
   } else {
 #pragma unroll
-    for (int b = 0; b < K_BITS; b++) w[b] = uint32_t(__ldg(src + b));
+    for (int b = 0; b < K_BITS; b++) w[b] = uint32_t(load_ro<STREAM>(src + b));
   }
 }
 

@@ -50,6 +50,30 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
   __shared__ float cb[1 << K_BITS];
   __shared__ uint32_t spread[16];
   __shared__ float partial[kWarps][kRowsPerWarp][M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, phase = lane & 3;
+  const int64_t n = int64_t(blockIdx.x) * kRowsPerWarp + r;
+  const bool row_ok = n < N;
+
+  // The words and stored scales of the lane's next k-tile are loaded before the current one
+  // is decoded (register double buffer): each lane walks K in few, dependent steps, so
+  // without this every step waits a full DRAM latency (v1: ~9-16 us on model shapes,
+  // NOTES.md). The weights stream through L2 evict-first (read once per call).
+  uint32_t next_words[kTileBlocks * K_BITS];
+  uint32_t next_sbits[kTileBlocks];
+  auto load_tile = [&](int64_t kt) {
+    const int64_t slot = (kt * N + n) * kTileBlocks;  // block index of (kt, n, j = 0)
+    const int32_t* src = packed + slot * K_BITS;
+#pragma unroll
+    for (int i = 0; i < kTileBlocks * K_BITS; i++) next_words[i] = uint32_t(load_ro<true>(src + i));
+#pragma unroll
+    for (int j = 0; j < kTileBlocks; j++) next_sbits[j] = load_absmax_bits<true>(absmax, absmax_format, slot + j);
+  };
+  // The first tile goes in flight before the prologue (codebook, x staging, barrier), so
+  // its DRAM latency overlaps the prologue's instead of following it.
+  const int64_t kt0 = warp * kPhases + phase;
+  if (row_ok && kt0 < KT) load_tile(kt0);
+
   fill_codebook_tables<K_BITS>(cb, spread, codebook);
   extern __shared__ float xs[];
   const int64_t x_row = KT * kXTile;
@@ -61,38 +85,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
   __syncthreads();
   const char* cb_bytes = reinterpret_cast<const char*>(cb);
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int r = lane >> 2, phase = lane & 3;
-  const int64_t n = int64_t(blockIdx.x) * kRowsPerWarp + r;
-  const bool row_ok = n < N;
-
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; m++) acc[m] = 0.f;
 
-  // The words and scales of the lane's next k-tile are loaded before the current one is
-  // decoded (register double buffer): each lane walks K in few, dependent steps, so without
-  // this every step waits a full DRAM latency (v1: ~9-16 us on model shapes, NOTES.md).
-  uint32_t next_words[kTileBlocks * K_BITS];
-  float next_scale[kTileBlocks];
-  auto load_tile = [&](int64_t kt) {
-    const int64_t slot = (kt * N + n) * kTileBlocks;  // block index of (kt, n, j = 0)
-    const int32_t* src = packed + slot * K_BITS;
-#pragma unroll
-    for (int i = 0; i < kTileBlocks * K_BITS; i++) next_words[i] = uint32_t(__ldg(src + i));
-#pragma unroll
-    for (int j = 0; j < kTileBlocks; j++)
-      next_scale[j] = load_absmax(absmax, absmax_format, slot + j) * shift_up;
-  };
-  const int64_t kt0 = warp * kPhases + phase;
-  if (row_ok && kt0 < KT) load_tile(kt0);
   for (int64_t kt = kt0; row_ok && kt < KT; kt += kTileStride) {
     uint32_t words[kTileBlocks * K_BITS];
     float scales[kTileBlocks];
 #pragma unroll
     for (int i = 0; i < kTileBlocks * K_BITS; i++) words[i] = next_words[i];
 #pragma unroll
-    for (int j = 0; j < kTileBlocks; j++) scales[j] = next_scale[j];
+    for (int j = 0; j < kTileBlocks; j++) scales[j] = absmax_of_bits(next_sbits[j], absmax_format) * shift_up;
     if (kt + kTileStride < KT) load_tile(kt + kTileStride);
 #pragma unroll
     for (int j = 0; j < kTileBlocks; j++) {

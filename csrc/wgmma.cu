@@ -316,6 +316,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
       const char* psrc = reinterpret_cast<const char*>(packed) + int64_t(n0) * 2 * K_BITS * 4;
       const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize;
       const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
+      // weights read by one token tile only (gridDim.y == 1) stream through L2 evict-first
+      const uint64_t w_policy = l2_policy(gridDim.y == 1);
       int slot = 0;
       uint32_t phase = 0;
       for (int s = 0; s < steps; s++) {
@@ -328,8 +330,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
         mbar_expect_tx(full, (kX ? S::x_bytes : 0) + (kW ? p_bytes + a_bytes : 0));
         if (kX) tma_load_2d(st, &x_map, (kt0 + s) * kStepK, m0, full);
         if (kW) {
-          bulk_copy(st + S::x_bytes, psrc + (kt0 + s) * p_step, p_bytes, full);
-          bulk_copy(st + S::x_bytes + S::packed_bytes, asrc + (kt0 + s) * a_step, a_bytes, full);
+          bulk_copy_hint(st + S::x_bytes, psrc + (kt0 + s) * p_step, p_bytes, full, w_policy);
+          bulk_copy_hint(st + S::x_bytes + S::packed_bytes, asrc + (kt0 + s) * a_step, a_bytes, full, w_policy);
         }
         if (++slot == stages) {
           slot = 0;
