@@ -1,14 +1,16 @@
 """kbit.linear: C = x @ W^T (+ bias) for a k-bit W, any leading dims of x, fp16/bf16.
 
 Dispatch (tiled64 weights): `kernel_for` looks the (N, K, k) of the weight up in
-kbit/dispatch_table.py, the fastest of mma, wgmma and dequantize + cuBLAS per range of M
-measured by `kbit bench --suite linear` (the table's header has the command that regenerates
-it); other shapes use its DEFAULT (the tensor-core kernel for M <= 32). "wgmma" (Hopper only)
-falls back to "mma" where the device or shape cannot take it (wgmma_supports); "mma" falls
-back to the scalar GEMV (M <= 4) when x is too large to stage in shared memory
-(mma_supports), then to dequantize. A flat weight, or an M past the table, takes dequantize
-into a reused per-(device, stream, dtype) buffer + torch.nn.functional.linear (cuBLAS). With
-`out` given (contiguous [M, N], x's dtype) the small-M kernels write into it directly.
+kbit/dispatch_table.py, the fastest of the scalar GEMV (M <= 4), mma, wgmma and dequantize +
+cuBLAS per range of M measured by `kbit bench --suite linear` (the table's header has the
+command that regenerates it); other shapes use its DEFAULT (the tensor-core kernel for M <=
+32). "wgmma" (Hopper only) falls back to "mma" where the device or shape cannot take it
+(wgmma_supports); "mma" falls back to the scalar GEMV (M <= 4) when x is too large to stage
+in shared memory (mma_supports), then to dequantize. "mma" and "gemv" calls skip the
+torch.library dispatch in eager mode (`_fast_small`). A flat weight, or an M past the table,
+takes dequantize into a reused per-(device, stream, dtype) buffer +
+torch.nn.functional.linear (cuBLAS). With `out` given (contiguous [M, N], x's dtype) the
+small-M kernels write into it directly.
 """
 
 from __future__ import annotations
@@ -69,11 +71,11 @@ def _launch_args(qweight: QuantizedWeight, dev: torch.device):
     return args
 
 
-def _fast_mma(x2, qweight, bias, out, m, n, kdim):
-    """Eager CUDA call of the mma kernel without the torch.library dispatch (51 -> 18 us of
-    host time per call at M = 1, NOTES.md), or None when any precondition fails (the caller
-    then takes the op path, which checks everything and raises the errors). qweight's fields
-    were validated when it was built (frozen dataclass)."""
+def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
+    """Eager CUDA call of the mma or gemv kernel (same C signature) without the torch.library
+    dispatch (51 -> 18 us of host time per call at M = 1, NOTES.md), or None when any
+    precondition fails (the caller then takes the op path, which checks everything and raises
+    the errors). qweight's fields were validated when it was built (frozen dataclass)."""
     lib = _lib._lib
     dev = x2.device
     if lib is None or dev.type != "cuda" or x2.stride(-1) != 1:
@@ -81,10 +83,14 @@ def _fast_mma(x2, qweight, bias, out, m, n, kdim):
     wargs = _launch_args(qweight, dev)
     if wargs is None:
         return None
-    key = (m, kdim, n, wargs[4], dev.index)
+    key = (kernel, m, kdim, n, wargs[4], dev.index)
     ok = _supported.get(key)
     if ok is None:
-        ok = _supported[key] = ops.mma_supports(m, kdim, n, wargs[4], dev)
+        if kernel == "mma":
+            ok = ops.mma_supports(m, kdim, n, wargs[4], dev)
+        else:  # the GEMV takes any K (x from global memory when it does not fit shared memory)
+            ok = 1 <= m <= ops.GEMV_MAX_M
+        _supported[key] = ok
     if not ok:
         return None
     if bias is not None and (bias.dtype != x2.dtype or bias.shape != (n,) or bias.device != dev
@@ -98,13 +104,14 @@ def _fast_mma(x2, qweight, bias, out, m, n, kdim):
         return None
     index = dev.index
     stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
-    rc = lib.kbit_mma(
+    call = lib.kbit_mma if kernel == "mma" else lib.kbit_gemv
+    rc = call(
         index, stream, x2.data_ptr(), _lib.DTYPE_CODES[x2.dtype], m, x2.stride(0),
         wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[5],
         bias.data_ptr() if bias is not None else None, y.data_ptr(), n,
     )
     if rc:
-        _lib.check(rc, "mma")
+        _lib.check(rc, kernel)
     return y
 
 
@@ -121,8 +128,8 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
     kernel = kernel_for(m, n, kdim, qweight.k)
-    if x2.is_cuda and m > 0 and kernel == "mma" and not torch.compiler.is_compiling():
-        y = _fast_mma(x2, qweight, bias, out, m, n, kdim)
+    if x2.is_cuda and m > 0 and kernel in ("mma", "gemv") and not torch.compiler.is_compiling():
+        y = _fast_small(kernel, x2, qweight, bias, out, m, n, kdim)
         if y is not None:
             return out if y is out else y.view(*lead, n)
     small = None
