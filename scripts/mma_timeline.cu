@@ -47,7 +47,9 @@ int main(int argc, char** argv) {
   const int M = argc > 2 ? atoi(argv[2]) : 1;
   struct Shape { const char* name; int N, K; };
   const Shape shapes[] = {{"gateup", 5120, 2048}, {"down", 2048, 5120}, {"Q", 4096, 2048},
-                          {"O", 2048, 4096}, {"KV", 512, 2048}, {"big", 28672, 8192}};
+                          {"O", 2048, 4096}, {"KV", 512, 2048}, {"big", 28672, 8192},
+                          // one CTA (weights hot in L2): the latency chain of the kernel itself
+                          {"tiny", 16, 2048}, {"tiny5", 16, 5120}};
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   const size_t rotate = size_t(4) * prop.l2CacheSize;  // bytes of weights cycled through
