@@ -6,7 +6,7 @@
 namespace kbit {
 
 // Compiled for older targets they trap: the launchers only run kernels using them when the
-// kernel's binary is sm_90+ (mma.cu: bulk_capable, wgmma.cu: wgmma_capable).
+// kernel's binary is sm_90+ (common.cuh: has_sm90_code, wgmma.cu: wgmma_capable).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define KBIT_BULK_ASM(...) asm volatile(__VA_ARGS__)
 #else
@@ -34,6 +34,12 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   KBIT_BULK_ASM("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                 "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// Ask for [src, src + bytes) in L2 (src 16-byte aligned, bytes a multiple of 16); nothing
+// completes, nothing lands in shared memory.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  KBIT_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
 // An L2 eviction policy for bulk copies (createpolicy): evict-first for data a call reads once

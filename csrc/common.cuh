@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <type_traits>
 
@@ -208,6 +209,66 @@ inline unsigned persistent_grid(int per_sm, int64_t ctas_needed) {
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int64_t cap = int64_t(sms) * per_sm;
   return unsigned(ctas_needed < cap ? (ctas_needed > 0 ? ctas_needed : 1) : cap);
+}
+
+// Programmatic dependent launch (PDL, sm_90+). A kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of
+// its stream is still running, as soon as every CTA of that kernel has called pdl_trigger
+// (or exited). Until pdl_wait returns (the previous grid has completed and its writes are
+// visible) such a kernel must not read memory another kernel may write (x, bias, even the
+// weights and codebook: a repack may have just written them) nor write any output; it may
+// set up shared memory and ask for its first weights in L2 (prefetch_l2: L2 is the point of
+// coherence, so a load after the wait still sees the previous grid's writes). Launched
+// without the attribute, both are no-ops. Compiled for pre-sm_90 targets they are empty, so
+// the launchers set the attribute only for kernels whose binary is sm_90+ (has_sm90_code).
+// scripts/pdl_floor.cu and NOTES.md (v16) have what it buys.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// KBIT_PDL (read once per process): 0 launches the small-M kernels (gemv, mma) as before; 1,
+// the default, with PDL (wait at entry; mma triggers at entry, gemv after its main loop); 2
+// also asks for each warp's first weights in L2 before the wait. H100, M = 1, k = 4, dense
+// TOTAL vs fp16 (NOTES.md v16): back-to-back kbit calls 1.53x (0) / 1.82x (1) / 1.88x (2);
+// each call after a kernel launched without PDL 1.54x / 1.51x / 1.42x. So 2 pays only where
+// kbit calls follow each other.
+inline int pdl_mode() {
+  static const int mode = [] {
+    const char* e = getenv("KBIT_PDL");
+    return e != nullptr && *e != '\0' ? atoi(e) : 1;
+  }();
+  return mode;
+}
+
+// Once per kernel and device: whether the code the device runs was compiled for sm_90+ (bulk
+// copies, PDL), not JIT-compiled from an older target's PTX (binaryVersion would report the
+// device's arch then; ptxVersion reports the target the code was written for).
+template <auto Kernel>
+bool has_sm90_code(int device) {
+  static signed char known[64] = {};  // 0 unknown, 1 yes, -1 no (per device)
+  if (device < 0 || device >= 64) return false;
+  if (known[device] == 0) {
+    cudaFuncAttributes attr;
+    known[device] = cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess && attr.ptxVersion >= 90 ? 1 : -1;
+  }
+  return known[device] == 1;
+}
+
+// The PDL mode a launch of `Kernel` on `device` takes (pdl_mode, or 0 without sm_90 code).
+template <auto Kernel>
+int pdl_for(int device) {
+  const int mode = pdl_mode();
+  return mode > 0 && has_sm90_code<Kernel>(device) ? mode : 0;
 }
 
 // Per-device limits the launchers need on every call, read once per device (a few

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int absmax_format, const float* __restrict__ codebook,
     int64_t N, int64_t K, int64_t KT, float shift_up, bool vec_x, const T* __restrict__ bias,
-    T* __restrict__ out, int64_t ldo) {
+    T* __restrict__ out, int64_t ldo, int pdl) {
   __shared__ float cb[1 << K_BITS];
   __shared__ uint32_t spread[16];
   __shared__ float partial[kWarps][kRowsPerWarp][M];
@@ -72,6 +72,20 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
   // The first tile goes in flight before the prologue (codebook, x staging, barrier), so
   // its DRAM latency overlaps the prologue's instead of following it.
   const int64_t kt0 = warp * kPhases + phase;
+  // PDL (common.cuh): ask for the first tile in L2, then wait for the previous kernel before
+  // the first real load. The next kernel may start once every CTA has finished its loads
+  // (pdl_trigger below): triggered at entry, the next calls' grids (many small CTAs) became
+  // resident while this one ran, and back-to-back calls were up to 2x slower (NOTES.md v16).
+  if (pdl > 0) {
+    if (pdl >= 2 && row_ok && kt0 < KT) {
+      const int64_t slot = (kt0 * N + n) * kTileBlocks;
+      const int esize = absmax_format == KBIT_ABSMAX_E4M4 ? 1 : absmax_format == KBIT_ABSMAX_F16 ? 2 : 4;
+      prefetch_l2(packed + slot * K_BITS);
+      prefetch_l2(packed + (slot + kTileBlocks) * K_BITS - 1);
+      prefetch_l2(static_cast<const char*>(absmax) + slot * esize);
+    }
+    pdl_wait();
+  }
   if (row_ok && kt0 < KT) load_tile(kt0);
 
   fill_codebook_tables<K_BITS>(cb, spread, codebook);
@@ -135,6 +149,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
       for (int m = 0; m < M; m++) acc[m] = fmaf(block_sum[m], scale, acc[m]);
     }
   }
+  if (pdl > 0) pdl_trigger();
   // join the 4 phases of a column, then the 4 warps
 #pragma unroll
   for (int m = 0; m < M; m++) {
@@ -170,19 +185,33 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, const int32_t* pa
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   const float shift_up = ldexpf(1.f, exponent);
+  int device = 0;
+  cudaGetDevice(&device);
+  auto go = [&](auto x_smem, size_t smem) {
+    constexpr auto kernel = gemv_kernel<T, K_BITS, M, decltype(x_smem)::value>;
+    const int pdl = pdl_for<kernel>(device);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kWarps * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl > 0 ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt,
+                              static_cast<T*>(out), ldo, pdl);
+  };
   if (x_bytes <= kMaxXSmem) {
     if (x_bytes > 48 * 1024) {
       cudaError_t err = cudaFuncSetAttribute(gemv_kernel<T, K_BITS, M, true>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxXSmem);
       if (err != cudaSuccess) return err;
     }
-    gemv_kernel<T, K_BITS, M, true><<<grid, kWarps * 32, size_t(x_bytes), s>>>(
-        xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt, static_cast<T*>(out), ldo);
-  } else {
-    gemv_kernel<T, K_BITS, M, false><<<grid, kWarps * 32, 0, s>>>(
-        xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt, static_cast<T*>(out), ldo);
+    return go(std::true_type{}, size_t(x_bytes));
   }
-  return cudaGetLastError();
+  return go(std::false_type{}, 0);
 }
 
 template <typename T, int K_BITS>

@@ -366,7 +366,7 @@ __device__ __forceinline__ void mma_body(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
-    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
+    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
   constexpr int kThreads = kThreadsPerCta<NT>;
   constexpr int kWarps = kWarpsPerCta<NT>;
   KBIT_MMA_MARK(0, 0u);
@@ -415,7 +415,6 @@ __device__ __forceinline__ void mma_body(
   // rows x 4 c, 16 distinct 8-byte bank slots (rows are 32 bytes apart mod 128); numbered
   // with t outside m, the 4 t of a warp hit the same slots (4-way store conflicts).
   constexpr int cmask = (1 << K_BITS) - 1;
-  const float cb_lane = codebook[lane & cmask];
   const int units = M * lsteps * 8;
   auto fetch_x = [&](int unit, T (&v)[16]) {
     const int t = unit / (M * 8), rest = unit - t * M * 8, m = rest >> 3;
@@ -447,9 +446,6 @@ __device__ __forceinline__ void mma_body(
       *reinterpret_cast<uint2*>(dst + frag_index(t, s, cc)) = *reinterpret_cast<uint2*>(quad);
     }
   };
-  T x0[16];
-  if (int(threadIdx.x) < units) fetch_x(threadIdx.x, x0);
-  KBIT_MMA_MARK(6, 0u);
   const int group0 = cta * rg_per_cta;
   const int item0 = warp * items_per_warp;
   const int n_items = max(0, min(items_per_warp, rg_per_cta * lsteps - item0));
@@ -496,24 +492,72 @@ __device__ __forceinline__ void mma_body(
   constexpr int D = BULK ? 1 : kDepth<K_BITS>;
   Item<K_BITS> ring[D];
   Cursor load_cur = cursor_at(item0);
-  KBIT_MMA_MARK(7, 0u);
   const int groups = (N + kRows - 1) / kRows;
   const int rg_valid = min(rg_per_cta, groups - group0);
   // bulk: step s -> stage s % n_stages; the copies of its (up to) 2 k-tiles of rows
   // group0 * 16 .. + rows (words, then scales) complete on full[stage]
   const int rows = rg_valid * kRows;
   const uint32_t wchunk = words_chunk<K_BITS>(rg_per_cta), schunk = scales_chunk(rg_per_cta, kScaleBytes<FMT>);
-  auto issue = [&](int step, int stage) {
-    const uint32_t bar = full_sh + 8 * stage, dst = stages_sh + stage * stage_bytes;
+  const uint32_t wb = rows * kTileBlocks * K_BITS * 4, sb = rows * kTileBlocks * kScaleBytes<FMT>;
+  // f(j, words, scales) for the (up to) 2 k-tiles j of `step`: their global addresses
+  auto step_chunks = [&](int step, auto&& f) {
     const int kts = min(2, KT - 2 * (step0 + step));
-    const uint32_t wb = rows * kTileBlocks * K_BITS * 4, sb = rows * kTileBlocks * kScaleBytes<FMT>;
-    mbar_expect_tx(bar, kts * (wb + sb));
     for (int j = 0; j < kts; j++) {
       const size_t blk = (size_t(2 * (step0 + step) + j) * N + size_t(group0) * kRows) * kTileBlocks;
-      bulk_copy(dst + j * wchunk, packed + blk * K_BITS, wb, bar);
-      bulk_copy(dst + 2 * wchunk + j * schunk, static_cast<const char*>(absmax) + blk * kScaleBytes<FMT>, sb, bar);
+      f(j, packed + blk * K_BITS, static_cast<const char*>(absmax) + blk * kScaleBytes<FMT>);
     }
+    return kts;
   };
+  auto issue = [&](int step, int stage) {
+    const uint32_t bar = full_sh + 8 * stage, dst = stages_sh + stage * stage_bytes;
+    mbar_expect_tx(bar, min(2, KT - 2 * (step0 + step)) * (wb + sb));
+    step_chunks(step, [&](int j, const int32_t* words, const char* sc) {
+      bulk_copy(dst + j * wchunk, words, wb, bar);
+      bulk_copy(dst + 2 * wchunk + j * schunk, sc, sb, bar);
+    });
+  };
+
+  // PDL (launched with it when pdl > 0; common.cuh): let the next kernel of the stream start
+  // (it takes an SM once this CTA leaves it: one CTA per SM), with pdl >= 2 ask for this
+  // warp's first ring items (or, bulk, the first stages) in L2, then wait for the previous
+  // kernel before the first real load. Everything above only computed addresses. (Asking for
+  // every warp's items from one warp instead was slower both ways: NOTES.md v16.)
+  if (pdl > 0) {
+    pdl_trigger();
+    if (pdl >= 2) {
+      if constexpr (BULK) {
+        if (warp == kWarps - 1)
+          for (int step = lane; step < min(n_stages, lsteps); step += 32)
+            step_chunks(step, [&](int, const int32_t* words, const char* sc) {
+              bulk_prefetch_l2(words, wb);
+              bulk_prefetch_l2(sc, sb);
+            });
+      } else {
+        Cursor pc = load_cur;
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+          if (d < n_items && 2 * (step0 + pc.step) + (c >> 1) < KT) {
+            const char* sc = static_cast<const char*>(absmax);
+            if (pc.row_lo) {
+              prefetch_l2(packed + size_t(pc.block) * K_BITS);
+              prefetch_l2(sc + size_t(pc.block) * kScaleBytes<FMT>);
+            }
+            if (pc.row_hi) {
+              prefetch_l2(packed + size_t(pc.block + 16) * K_BITS);
+              prefetch_l2(sc + size_t(pc.block + 16) * kScaleBytes<FMT>);
+            }
+          }
+          advance(pc);
+        }
+      }
+    }
+    pdl_wait();
+  }
+  const float cb_lane = codebook[lane & cmask];
+  T x0[16];
+  if (int(threadIdx.x) < units) fetch_x(threadIdx.x, x0);
+  KBIT_MMA_MARK(6, 0u);
+  KBIT_MMA_MARK(7, 0u);
   if constexpr (BULK) {
     if (warp == kWarps - 1) {
       if (lane == 0) {
@@ -731,7 +775,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
-    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
+    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   constexpr bool kBody = !SPLIT;
 #else
@@ -740,7 +784,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   if constexpr (kBody) {
     mma_body<T, K_BITS, FMT, NT, BULK, SPLIT>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
                                               rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out,
-                                              ldo);
+                                              ldo, pdl);
   } else {
     __trap();
   }
@@ -749,20 +793,6 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
 #ifndef KBIT_MMA_MAX_STAGES
 #define KBIT_MMA_MAX_STAGES 32  // overridable for experiments; 0 disables the bulk variant
 #endif
-
-// Once per kernel and device: whether its code was compiled for sm_90+ (bulk copies), not
-// JIT-compiled from an older target's PTX (binaryVersion would report the device's arch
-// then; ptxVersion reports the target the code was written for).
-template <auto Kernel>
-bool bulk_capable(int device) {
-  static signed char known[64] = {};  // 0 unknown, 1 yes, -1 no (per device)
-  if (device < 0 || device >= 64) return false;
-  if (known[device] == 0) {
-    cudaFuncAttributes attr;
-    known[device] = cudaFuncGetAttributes(&attr, Kernel) == cudaSuccess && attr.ptxVersion >= 90 ? 1 : -1;
-  }
-  return known[device] == 1;
-}
 
 // Once per kernel and device (the attribute belongs to the current device's context): allow
 // the kernel the device's opt-in shared memory.
@@ -792,7 +822,7 @@ inline int cluster_ctas(int device, const DeviceInfo& dev, int S) {
   if (known[device][lg] == 0) {
     constexpr auto kernel = mma_kernel<__half, 4, KBIT_ABSMAX_E4M4, 1, false, true>;
     int n = 0;
-    if (bulk_capable<kernel>(device) && smem_optin<kernel>(device, dev) == cudaSuccess)
+    if (has_sm90_code<kernel>(device) && smem_optin<kernel>(device, dev) == cudaSuccess)
       n = clusters_at_once(kernel, unsigned(kThreadsPerCta<1>), size_t(dev.smem_optin), S, 0);
     known[device][lg] = n > 0 ? n * S : -1;
   }
@@ -882,7 +912,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   size_t bulk_bytes = 0;
   // Each bulk copy costs the producer ~0.1 us to issue (measured: 4 copies per step), so
   // small chunks (few row groups per CTA) stream slower than the register ring.
-  if (rg >= KBIT_MMA_BULK_MIN_RG && bulk_capable<mma_kernel<T, K_BITS, FMT, NT, true, false>>(device) &&
+  if (rg >= KBIT_MMA_BULK_MIN_RG && has_sm90_code<mma_kernel<T, K_BITS, FMT, NT, true, false>>(device) &&
       N % kRows == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(absmax) % 16 == 0 && rg <= kWarpsPerCta<NT> - 1) {
     const int sb = stage_bytes_of<K_BITS>(rg, kScaleBytes<FMT>);
@@ -901,7 +931,8 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     }
   }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int items_per_warp) {
+  // The split variant (clusters) is launched without PDL (not measured together).
+  auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int items_per_warp, int pdl) {
     if (attr_err != cudaSuccess) return attr_err;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(plan.ctas * plan.S));
@@ -909,20 +940,26 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(plan.S);
-    attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+    if (plan.S > 1) {
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(plan.S);
+      attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+    } else {
+      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[0].val.programmaticStreamSerializationAllowed = 1;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = plan.S > 1 ? 1 : 0;
+    cfg.numAttrs = plan.S > 1 || pdl > 0 ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
                               int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages,
                               ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias), static_cast<T*>(out),
-                              ldo);
+                              ldo, pdl);
   };
   const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
   auto go = [&](auto bulk, auto split) {
     constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value>;
-    return run(kernel, smem_optin<kernel>(device, dev), bulk ? bulk_bytes : plan.smem, bulk ? 0 : items_per_warp);
+    const int pdl = plan.S > 1 ? 0 : pdl_for<kernel>(device);
+    return run(kernel, smem_optin<kernel>(device, dev), bulk ? bulk_bytes : plan.smem, bulk ? 0 : items_per_warp, pdl);
   };
   using Yes = std::true_type;
   using No = std::false_type;

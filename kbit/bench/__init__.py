@@ -36,6 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=15, help="graph replays per measurement")
     p.add_argument("--plot", metavar="PATH", help="PNG of the dense-TOTAL speedup vs M per k "
                    "(needs matplotlib: pip install kbit[bench])")
+    p.add_argument("--after-fill", action="store_true", help="precede every timed call (fp16 and "
+                   "kbit) by a 1-element fill_, a kernel without programmatic dependent launch, and "
+                   "subtract its time: what a call costs after a non-kbit kernel (the default times "
+                   "back-to-back calls, which kbit's PDL launches may overlap; KBIT_PDL=0 turns PDL off)")
     p.add_argument("--from-json", metavar="PATH", help="with --plot: plot a saved --json result "
                    "instead of running (no GPU needed)")
 
@@ -69,12 +73,22 @@ def run(args) -> int:
     from .ops_suite import run_ops
     from .timing import device_report
 
+    import os
+
+    from .timing import set_after_fill
+
     ks = [int(x) for x in args.k.split(",")]
     suites = [s for s in args.suite.split(",") if s]
     info = device_report()
     print(f"device: {info['device']} ({info['sms']} SMs, L2 {info['l2_mb']} MB); "
           f"torch {info['torch']}, CUDA {info['cuda']}, kbit {kbit.__version__}")
     print(f"nvidia-smi (driver, sm clock, mem clock, max sm clock, power limit): {info['nvidia_smi']}")
+    info["pdl"] = os.environ.get("KBIT_PDL") or "1 (default)"
+    info["after_fill"] = bool(args.after_fill)
+    print(f"PDL mode of the small-M kernels (KBIT_PDL): {info['pdl']}; "
+          + ("every call timed after a 1-element fill_ (its time subtracted)" if args.after_fill
+             else "back-to-back calls"))
+    set_after_fill(args.after_fill)
     result = {"info": info}
     from .ops_suite import warm_up
 

@@ -21,9 +21,37 @@ def copies_for_cold(bytes_per_copy: int, factor: int = 4, most: int = 64) -> int
     return max(2, min(most, -(-need // max(1, bytes_per_copy))))
 
 
+# set_after_fill(True): every timed call is preceded in the graph by a 1-element fill_ (a
+# kernel launched without programmatic dependent launch, as a norm or activation kernel of a
+# model would be), and the fill's own time is subtracted. Back-to-back calls of one kbit kernel
+# may overlap through PDL (csrc/common.cuh); this mode shows what a call gains when its
+# predecessor is not a kbit kernel.
+_after_fill: torch.Tensor | None = None
+
+
+def set_after_fill(on: bool) -> None:
+    global _after_fill
+    _after_fill = torch.empty(1, device="cuda") if on else None
+
+
 def graph_time_us(call: Callable[[int], None], n_variants: int, calls: int | None = None,
                   repeats: int = 15, warmup: int = 2) -> float:
-    """Median µs per call of `call(i)` (i cycles over n_variants) replayed in a CUDA graph."""
+    """Median µs per call of `call(i)` (i cycles over n_variants) replayed in a CUDA graph
+    (minus a preceding fill's time under set_after_fill(True))."""
+    if _after_fill is not None:
+        fill = _after_fill
+
+        def pair(i: int) -> None:
+            fill.fill_(1.0)
+            call(i)
+
+        return (_graph_time_us(pair, n_variants, calls, repeats, warmup)
+                - _graph_time_us(lambda i: fill.fill_(1.0), n_variants, calls, repeats, warmup))
+    return _graph_time_us(call, n_variants, calls, repeats, warmup)
+
+
+def _graph_time_us(call: Callable[[int], None], n_variants: int, calls: int | None, repeats: int,
+                   warmup: int) -> float:
     calls = calls or max(n_variants, 20)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -1,0 +1,102 @@
+"""Programmatic dependent launch (csrc/common.cuh): a gemv / mma call may start while the previous
+kernel of its stream is still running, and must wait for it before it reads x, the weights or
+the codebook and before it writes its output. Each test makes the previous kernel write what the
+next call reads, with no synchronisation between them, and compares with the reference (W
+dequantized in float32, product in float64; tolerance of test_linear.py: 2e-3 for fp16, one
+output rounding with ~4x margin). A call that read too early would see NaN poison or the
+previous weights: errors of order 1 or NaN. Run under KBIT_PDL=0, 1 and 2 alike."""
+
+import pytest
+import torch
+
+import kbit
+from kbit import ops
+from kbit import reference as ref
+
+from conftest import gpu, random_weight
+
+TOL = 2e-3
+
+
+def _rel_err(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def _ref(x, q):
+    w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                       q.absmax_exponent, torch.float32)
+    return ref.linear(x.cpu(), w, None)
+
+
+def _call(name, x, q, out):
+    getattr(ops, f"{name}_out")(x, q.packed, q.absmax, q.codebook, q.shape[0], q.shape[1], q.absmax_exponent,
+                                None, out)
+
+
+@gpu
+@pytest.mark.parametrize("name,m", [("gemv", 1), ("gemv", 4), ("mma", 1), ("mma", 8)])
+@pytest.mark.parametrize("k", [2, 4, 5])
+def test_chain_reads_previous_output(name, m, k, rng):
+    """y1 = x W1^T, then y2 = y1 W2^T right behind it (the second call reads what the first
+    wrote); y1 is NaN-poisoned by a fill just before the first call."""
+    q1 = kbit.repack(kbit.quantize(random_weight(1024, 2048, gen=rng, device="cuda", spread=0.5), k=k))
+    q2 = kbit.repack(kbit.quantize(random_weight(512, 1024, gen=rng, device="cuda", spread=0.5), k=k))
+    y1 = torch.empty(m, 1024, dtype=torch.float16, device="cuda")
+    y2 = torch.empty(m, 512, dtype=torch.float16, device="cuda")
+    for _ in range(4):
+        x = torch.randn(m, 2048, generator=rng).to(torch.float16).cuda()
+        y1.fill_(float("nan"))
+        y2.fill_(float("nan"))
+        _call(name, x, q1, y1)
+        _call(name, y1, q2, y2)
+        assert _rel_err(y1.cpu(), _ref(x, q1)) <= TOL
+        assert _rel_err(y2.cpu(), _ref(y1, q2)) <= TOL
+
+
+@gpu
+@pytest.mark.parametrize("name,m", [("gemv", 1), ("mma", 1), ("mma", 8)])
+def test_weights_written_just_before(name, m, rng):
+    """The packed words, scales and codebook of a call are copied into its buffers by the
+    kernels right before it (they held another weight's until then)."""
+    qa = kbit.repack(kbit.quantize(random_weight(2048, 2048, gen=rng, device="cuda", spread=0.5), k=4))
+    cb_b = torch.sort(torch.rand(16, generator=rng) * 2 - 1).values
+    qb = kbit.repack(kbit.quantize(random_weight(2048, 2048, gen=rng, device="cuda", spread=0.5), k=4,
+                                   codebook=cb_b))
+    buf = kbit.repack(kbit.quantize(random_weight(2048, 2048, gen=rng, device="cuda", spread=0.5), k=4))
+    x = torch.randn(m, 2048, generator=rng).to(torch.float16).cuda()
+    y = torch.empty(m, 2048, dtype=torch.float16, device="cuda")
+    for src in (qa, qb, qa):
+        buf.packed.copy_(src.packed)
+        buf.absmax.copy_(src.absmax)
+        buf.codebook.copy_(src.codebook)
+        y.fill_(float("nan"))
+        _call(name, x, buf, y)
+        assert _rel_err(y.cpu(), _ref(x, src)) <= TOL
+
+
+@gpu
+@pytest.mark.parametrize("name,m", [("gemv", 2), ("mma", 3)])
+def test_chain_in_cuda_graph(name, m, rng):
+    """The chain of test_chain_reads_previous_output captured once and replayed with new x."""
+    q1 = kbit.repack(kbit.quantize(random_weight(1024, 2048, gen=rng, device="cuda", spread=0.5), k=3))
+    q2 = kbit.repack(kbit.quantize(random_weight(512, 1024, gen=rng, device="cuda", spread=0.5), k=3))
+    x = torch.randn(m, 2048, generator=rng).to(torch.float16).cuda()
+    y1 = torch.empty(m, 1024, dtype=torch.float16, device="cuda")
+    y2 = torch.empty(m, 512, dtype=torch.float16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        _call(name, x, q1, y1)
+        _call(name, y1, q2, y2)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y1.fill_(float("nan"))
+        _call(name, x, q1, y1)
+        _call(name, y1, q2, y2)
+    for _ in range(3):
+        x.copy_(torch.randn(m, 2048, generator=rng).to(torch.float16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _rel_err(y1.cpu(), _ref(x, q1)) <= TOL
+        assert _rel_err(y2.cpu(), _ref(y1, q2)) <= TOL
