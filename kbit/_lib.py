@@ -98,6 +98,8 @@ def available() -> bool:
 
 def status() -> str:
     if _lib is not None:
+        if os.environ.get("KBIT_LIBRARY"):
+            return f"native CUDA library loaded (KBIT_LIBRARY={os.environ['KBIT_LIBRARY']})"
         info = _HERE / "kbit_build_info.txt"
         archs = info.read_text().strip() if info.exists() else "archs=?"
         return f"native CUDA library loaded ({archs})"

@@ -1,19 +1,16 @@
 #!/usr/bin/env bash
-# One device call: build + install, full test suite, compute-sanitizer, benchmark.
+# One device call: library (carried or built: scripts/use_library.sh), full test suite,
+# compute-sanitizer, benchmark, the dispatch table the benchmark measures.
 # Usage (on the device machine, repo root): bash scripts/gpu_check.sh [bench args...]
 # Logs go to $OUT (or ./out). Prints a short summary last.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
 summary=()
-t0=$(date +%s)
-if python3 -m pip install --no-build-isolation --no-deps -v . > "$OUT/build.log" 2>&1; then
-  summary+=("build: ok ($(( $(date +%s) - t0 ))s) $(grep -m1 'kbit: building' "$OUT/build.log")")
-else
-  tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
-fi
+. scripts/use_library.sh
+summary+=("library: $kbit_build")
 cd /tmp  # import the installed package, not the source tree
-kbit info | tee "$OUT/info.log"
+python3 -m kbit.cli info | tee "$OUT/info.log"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -x -p no:cacheprovider "$OLDPWD/tests" > "$OUT/tests.log" 2>&1
   summary+=("tests: $(tail -1 "$OUT/tests.log")")
@@ -29,9 +26,12 @@ if [ "${SANITIZE:-0}" = 1 ]; then
   done
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  timeout ${BENCH_TIMEOUT:-240} kbit bench --json "$OUT/bench.json" "$@" > "$OUT/bench.log" 2> "$OUT/bench.err"
+  timeout ${BENCH_TIMEOUT:-240} python3 -m kbit.cli bench --json "$OUT/bench.json" "$@" > "$OUT/bench.log" 2> "$OUT/bench.err"
   summary+=("bench: rc=$?")
   cat "$OUT/bench.log"
+  # the dispatch table this run measures (copy it to kbit/dispatch_table.py when it is a full run)
+  python3 "$OLDPWD/scripts/make_dispatch.py" "$OUT/bench.json" > "$OUT/dispatch_table.py" 2> /dev/null ||
+    rm -f "$OUT/dispatch_table.py"
 fi
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
 printf '%s\n' "${summary[@]}"
