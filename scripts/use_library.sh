@@ -1,7 +1,7 @@
 # Sourced by the device scripts (gpu_check.sh, pdl_ab.sh) from the repo root, with $OUT set:
 # use the library carried in .carry/libkbit_cuda.so when it loads on this machine, else build
 # and install the package (~5.5 min of device time on the H100 machine's 16 cores, mostly
-# csrc/mma.cu). Build the carried library on the CPU machine first (no device time; ~8 min on
+# csrc/mma.cu). Build the carried library on the CPU machine first (no device time; ~10 min on
 # 2 cores) and name .carry in the device call's `carry`:
 #   bash scripts/build_variant.sh .carry/libkbit_cuda.so     # sm_90a, static cudart
 # Afterwards kbit runs as `python3 -m kbit.cli` from any directory; $kbit_build says which.
