@@ -59,7 +59,8 @@ def test_weights_written_just_before(name, m, rng):
     """The packed words, scales and codebook of a call are copied into its buffers by the
     kernels right before it (they held another weight's until then)."""
     qa = kbit.repack(kbit.quantize(random_weight(2048, 2048, gen=rng, device="cuda", spread=0.5), k=4))
-    cb_b = torch.sort(torch.rand(16, generator=rng) * 2 - 1).values
+    steps = torch.cumsum(torch.rand(16, generator=rng) + 0.2, 0)  # a random codebook, gaps >= ~0.02
+    cb_b = (steps - steps[0]) / (steps[-1] - steps[0]) * 2 - 1
     qb = kbit.repack(kbit.quantize(random_weight(2048, 2048, gen=rng, device="cuda", spread=0.5), k=4,
                                    codebook=cb_b))
     buf = kbit.repack(kbit.quantize(random_weight(2048, 2048, gen=rng, device="cuda", spread=0.5), k=4))
