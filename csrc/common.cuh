@@ -236,16 +236,18 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// KBIT_PDL (read once per process): 0 launches the small-M kernels (gemv, mma) as before; 1,
-// the default, with PDL (wait at entry; mma triggers at entry, gemv after its main loop); 2
-// also asks for each warp's first weights in L2 before the wait. H100, M = 1, k = 4, dense
-// TOTAL vs fp16 (NOTES.md v16): back-to-back kbit calls 1.53x (0) / 1.82x (1) / 1.88x (2);
-// each call after a kernel launched without PDL 1.54x / 1.51x / 1.42x. So 2 pays only where
-// kbit calls follow each other.
+// KBIT_PDL (read once per process): 0 launches the small-M kernels (gemv, mma) as before; 1
+// with PDL (wait at entry; mma triggers at entry, gemv after its main loop); 2 also asks for
+// each warp's first weights in L2 before the wait; 3 (mma's register ring) asks from one warp
+// only, an experiment. H100, M = 1, k = 4, dense TOTAL vs fp16 (NOTES.md v16): back-to-back
+// kbit calls 1.53x (0) / 1.82x (1) / 1.88x (2) / 1.32x (3); each call after a kernel launched
+// without PDL 1.54x / 1.51x / 1.42x / 1.10x. The Python package sets 1 when the variable is
+// unset (kbit/_lib.py); the 2 below is the default of the library used on its own (the
+// scripts/*.cu harnesses).
 inline int pdl_mode() {
   static const int mode = [] {
     const char* e = getenv("KBIT_PDL");
-    return e != nullptr && *e != '\0' ? atoi(e) : 1;
+    return e != nullptr && *e != '\0' ? atoi(e) : 2;
   }();
   return mode;
 }

@@ -520,8 +520,9 @@ __device__ __forceinline__ void mma_body(
   // PDL (launched with it when pdl > 0; common.cuh): let the next kernel of the stream start
   // (it takes an SM once this CTA leaves it: one CTA per SM), with pdl >= 2 ask for this
   // warp's first ring items (or, bulk, the first stages) in L2, then wait for the previous
-  // kernel before the first real load. Everything above only computed addresses. (Asking for
-  // every warp's items from one warp instead was slower both ways: NOTES.md v16.)
+  // kernel before the first real load. Everything above only computed addresses. (pdl == 3,
+  // every warp's items asked for from one warp, was slower both ways: NOTES.md v16; it stays
+  // only because the GPU suite ran on this source, remove it with the next tested change.)
   if (pdl > 0) {
     pdl_trigger();
     if (pdl >= 2) {
@@ -532,6 +533,23 @@ __device__ __forceinline__ void mma_body(
               bulk_prefetch_l2(words, wb);
               bulk_prefetch_l2(sc, sb);
             });
+      } else if (pdl == 3) {
+        // experiment: the last warp alone asks for the first D items of every warp, one lane
+        // per 128-byte line (an item: 2 k-tiles x (K_BITS lines of words + 1 of scales))
+        if (warp == kWarps - 1 && lane < 2 * (K_BITS + 1)) {
+          const int j = lane / (K_BITS + 1), r = lane % (K_BITS + 1);
+          for (int w = 0; w < kWarps; w++)
+            for (int d = 0; d < D; d++) {
+              const int item = w * items_per_warp + d;
+              if (d >= items_per_warp || item >= rg_per_cta * lsteps) break;
+              const int rg = item / lsteps, kt = 2 * (step0 + item - rg * lsteps) + j;
+              const int group = group0 + rg;
+              if (kt >= KT || (group + 1) * kRows > N) continue;  // partial groups: not asked for
+              const size_t blk0 = (size_t(kt) * N + size_t(group) * kRows) * kTileBlocks;
+              if (r < K_BITS) prefetch_l2(packed + blk0 * K_BITS + r * 32);
+              else prefetch_l2(static_cast<const char*>(absmax) + blk0 * kScaleBytes<FMT>);
+            }
+        }
       } else {
         Cursor pc = load_cur;
 #pragma unroll

@@ -68,6 +68,11 @@ _SIGNATURES = {
 }
 
 
+# Programmatic dependent launch of the small-M kernels (csrc/common.cuh, NOTES.md v16): mode 1
+# unless the user chose one. Set before the library is loaded; the library reads it once.
+os.environ.setdefault("KBIT_PDL", "1")
+
+
 def _load() -> None:
     global _lib, _load_error
     path = Path(os.environ.get("KBIT_LIBRARY") or _HERE / "libkbit_cuda.so")

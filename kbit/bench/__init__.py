@@ -83,7 +83,7 @@ def run(args) -> int:
     print(f"device: {info['device']} ({info['sms']} SMs, L2 {info['l2_mb']} MB); "
           f"torch {info['torch']}, CUDA {info['cuda']}, kbit {kbit.__version__}")
     print(f"nvidia-smi (driver, sm clock, mem clock, max sm clock, power limit): {info['nvidia_smi']}")
-    info["pdl"] = os.environ.get("KBIT_PDL") or "1 (default)"
+    info["pdl"] = os.environ["KBIT_PDL"]  # set by kbit._lib (default 1) or the user
     info["after_fill"] = bool(args.after_fill)
     print(f"PDL mode of the small-M kernels (KBIT_PDL): {info['pdl']}; "
           + ("every call timed after a 1-element fill_ (its time subtracted)" if args.after_fill
