@@ -20,7 +20,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "../scripts/cuda_check.h"
+#include "../scripts/graph_timing.h"
 
 enum Mode { kPlain = 0, kPdl = 1, kPdlPrefetch = 2, kPdlPrefetchNoTrigger = 3 };
 
@@ -66,38 +66,6 @@ void launch_stream(cudaStream_t s, int ctas, const char* w, size_t per_cta, int 
   cfg.attrs = attr;
   cfg.numAttrs = mode == kPlain ? 0 : 1;
   CK(cudaLaunchKernelEx(&cfg, stream_kernel, reinterpret_cast<const uint4*>(w), per_cta / 16, mode, out));
-}
-
-template <typename F>
-float graph_us(F launch, int n_variants, cudaStream_t st) {
-  const int calls = std::max(n_variants, 20);
-  for (int i = 0; i < n_variants; i++) launch(i, st);
-  CK(cudaStreamSynchronize(st));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int j = 0; j < calls; j++) launch(j % n_variants, st);
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int r = 0; r < 2; r++) CK(cudaGraphLaunch(ge, st));
-  std::vector<float> t;
-  for (int r = 0; r < 15; r++) {
-    CK(cudaEventRecord(a, st));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.f / calls);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  CK(cudaGetLastError());
-  return t[t.size() / 2];
 }
 
 int main() {
