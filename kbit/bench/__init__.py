@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 MODEL_SHAPES = {  # name: (K, N)
@@ -71,11 +72,7 @@ def run(args) -> int:
         return 2
     from .linear_suite import DENSE, EXTRA, run_linear
     from .ops_suite import run_ops
-    from .timing import device_report
-
-    import os
-
-    from .timing import set_after_fill
+    from .timing import device_report, set_after_fill
 
     ks = [int(x) for x in args.k.split(",")]
     suites = [s for s in args.suite.split(",") if s]
