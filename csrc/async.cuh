@@ -42,6 +42,12 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes
   KBIT_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
+// Bring a tensor map (a __grid_constant__ kernel parameter) into the descriptor cache ahead of
+// its first tensor copy.
+__device__ __forceinline__ void prefetch_tensormap(const void* map) {
+  KBIT_BULK_ASM("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // An L2 eviction policy for bulk copies (createpolicy): evict-first for data a call reads once
 // (the weights), so streaming them does not push x, the codebook or the code out of L2.
 __device__ __forceinline__ uint64_t l2_policy(bool evict_first) {

@@ -74,6 +74,11 @@ __device__ __forceinline__ V load_ro(const V* p) {
   else return __ldg(p);
 }
 
+// Bytes of one stored absmax element in `format` (E4M4 1, fp16 2, fp32 4).
+__host__ __device__ constexpr int absmax_bytes(int format) {
+  return format == KBIT_ABSMAX_E4M4 ? 1 : format == KBIT_ABSMAX_F16 ? 2 : 4;
+}
+
 // A stored absmax element in two halves, so that the load can be issued long before its value
 // is used: the stored bits (zero-extended), then their scale (without the per-tensor power of
 // two).
@@ -236,18 +241,15 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// KBIT_PDL (read once per process): 0 launches the small-M kernels (gemv, mma) as before; 1
-// with PDL (wait at entry; mma triggers at entry, gemv after its main loop); 2 also asks for
-// each warp's first weights in L2 before the wait; 3 (mma's register ring) asks from one warp
-// only, an experiment. H100, M = 1, k = 4, dense TOTAL vs fp16 (NOTES.md v16): back-to-back
-// kbit calls 1.53x (0) / 1.82x (1) / 1.88x (2) / 1.32x (3); each call after a kernel launched
-// without PDL 1.54x / 1.51x / 1.42x / 1.10x. The Python package sets 1 when the variable is
-// unset (kbit/_lib.py); the 2 below is the default of the library used on its own (the
-// scripts/*.cu harnesses).
+// KBIT_PDL (read once per process): 0 launches the kernels without PDL; 1 (default) with PDL
+// (wait before the first global access; mma and wgmma trigger at entry, gemv after its main
+// loop); 2 also asks for each warp's first weights in L2 before the wait (gemv, mma). H100,
+// M = 1, k = 4, dense TOTAL vs fp16 (NOTES.md v16): back-to-back kbit calls 1.53x (0) / 1.82x
+// (1) / 1.88x (2); each call after a kernel launched without PDL 1.54x / 1.51x / 1.42x.
 inline int pdl_mode() {
   static const int mode = [] {
     const char* e = getenv("KBIT_PDL");
-    return e != nullptr && *e != '\0' ? atoi(e) : 2;
+    return e != nullptr && *e != '\0' ? atoi(e) : 1;
   }();
   return mode;
 }

@@ -79,10 +79,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
   if (pdl > 0) {
     if (pdl >= 2 && row_ok && kt0 < KT) {
       const int64_t slot = (kt0 * N + n) * kTileBlocks;
-      const int esize = absmax_format == KBIT_ABSMAX_E4M4 ? 1 : absmax_format == KBIT_ABSMAX_F16 ? 2 : 4;
       prefetch_l2(packed + slot * K_BITS);
       prefetch_l2(packed + (slot + kTileBlocks) * K_BITS - 1);
-      prefetch_l2(static_cast<const char*>(absmax) + slot * esize);
+      prefetch_l2(static_cast<const char*>(absmax) + slot * absmax_bytes(absmax_format));
     }
     pdl_wait();
   }

@@ -345,7 +345,7 @@ template <int K_BITS>
 __host__ __device__ constexpr int stage_bytes_of(int rg, int scale_bytes) {
   return (2 * (words_chunk<K_BITS>(rg) + scales_chunk(rg, scale_bytes)) + 127) / 128 * 128;
 }
-template <int FMT> constexpr int kScaleBytes = FMT == KBIT_ABSMAX_E4M4 ? 1 : FMT == KBIT_ABSMAX_F16 ? 2 : 4;
+template <int FMT> constexpr int kScaleBytes = absmax_bytes(FMT);
 
 // BULK = false: each warp loads its items' blocks into registers (a ring of kDepth items; the
 // first kUpfront before the table build, the rest after it).
@@ -520,9 +520,8 @@ __device__ __forceinline__ void mma_body(
   // PDL (launched with it when pdl > 0; common.cuh): let the next kernel of the stream start
   // (it takes an SM once this CTA leaves it: one CTA per SM), with pdl >= 2 ask for this
   // warp's first ring items (or, bulk, the first stages) in L2, then wait for the previous
-  // kernel before the first real load. Everything above only computed addresses. (pdl == 3,
-  // every warp's items asked for from one warp, was slower both ways: NOTES.md v16; it stays
-  // only because the GPU suite ran on this source, remove it with the next tested change.)
+  // kernel before the first real load. Everything above only computed addresses. (Asking for
+  // every warp's items from one warp was slower both ways: NOTES.md v16.)
   if (pdl > 0) {
     pdl_trigger();
     if (pdl >= 2) {
@@ -533,23 +532,6 @@ __device__ __forceinline__ void mma_body(
               bulk_prefetch_l2(words, wb);
               bulk_prefetch_l2(sc, sb);
             });
-      } else if (pdl == 3) {
-        // experiment: the last warp alone asks for the first D items of every warp, one lane
-        // per 128-byte line (an item: 2 k-tiles x (K_BITS lines of words + 1 of scales))
-        if (warp == kWarps - 1 && lane < 2 * (K_BITS + 1)) {
-          const int j = lane / (K_BITS + 1), r = lane % (K_BITS + 1);
-          for (int w = 0; w < kWarps; w++)
-            for (int d = 0; d < D; d++) {
-              const int item = w * items_per_warp + d;
-              if (d >= items_per_warp || item >= rg_per_cta * lsteps) break;
-              const int rg = item / lsteps, kt = 2 * (step0 + item - rg * lsteps) + j;
-              const int group = group0 + rg;
-              if (kt >= KT || (group + 1) * kRows > N) continue;  // partial groups: not asked for
-              const size_t blk0 = (size_t(kt) * N + size_t(group) * kRows) * kTileBlocks;
-              if (r < K_BITS) prefetch_l2(packed + blk0 * K_BITS + r * 32);
-              else prefetch_l2(static_cast<const char*>(absmax) + blk0 * kScaleBytes<FMT>);
-            }
-        }
       } else {
         Cursor pc = load_cur;
 #pragma unroll
@@ -949,34 +931,51 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     }
   }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  // The split variant (clusters) is launched without PDL (not measured together).
+  // Cluster (plan.S > 1) and PDL attributes; a driver that refused the two together gets the
+  // launch again without PDL (and never again with it on this device), as in wgmma.cu.
+  static signed char cluster_pdl_refused[64] = {};
   auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int items_per_warp, int pdl) {
     if (attr_err != cudaSuccess) return attr_err;
+    if (plan.S > 1 && cluster_pdl_refused[device]) pdl = 0;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(plan.ctas * plan.S));
     cfg.blockDim = dim3(unsigned(kThreadsPerCta<NT>));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
+    int n_attr = 0;
     if (plan.S > 1) {
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = unsigned(plan.S);
-      attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-    } else {
-      attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[0].val.programmaticStreamSerializationAllowed = 1;
+      attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+      attr[n_attr].val.clusterDim.x = unsigned(plan.S);
+      attr[n_attr].val.clusterDim.y = attr[n_attr].val.clusterDim.z = 1;
+      n_attr++;
+    }
+    if (pdl > 0) {
+      attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+      n_attr++;
     }
     cfg.attrs = attr;
-    cfg.numAttrs = plan.S > 1 || pdl > 0 ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
-                              int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages,
-                              ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias), static_cast<T*>(out),
-                              ldo, pdl);
+    cfg.numAttrs = unsigned(n_attr);
+    auto launch_with = [&](int pdl_arg) {
+      return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
+                                int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages,
+                                ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias), static_cast<T*>(out),
+                                ldo, pdl_arg);
+    };
+    cudaError_t err = launch_with(pdl);
+    if (err != cudaSuccess && plan.S > 1 && pdl > 0) {
+      (void)cudaGetLastError();  // a refused configuration, not a sticky error
+      cluster_pdl_refused[device] = 1;
+      cfg.numAttrs = 1;  // the cluster dimension alone
+      err = launch_with(0);
+    }
+    return err;
   };
   const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
   auto go = [&](auto bulk, auto split) {
     constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value>;
-    const int pdl = plan.S > 1 ? 0 : pdl_for<kernel>(device);
+    const int pdl = pdl_for<kernel>(device);
     return run(kernel, smem_optin<kernel>(device, dev), bulk ? bulk_bytes : plan.smem, bulk ? 0 : items_per_warp, pdl);
   };
   using Yes = std::true_type;

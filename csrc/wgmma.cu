@@ -260,7 +260,7 @@ template <typename T, int K_BITS, int TN, int WG>
 __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K, int stages,
-    int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo) {
+    int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
   using S = Shape<K_BITS, TN, WG>;
   constexpr int kThreads = WG * 128;  // consumers; the producer warp(group) is tid >= kThreads
   constexpr int kAll = kThreads + kProducerThreads<TN, WG>;
@@ -275,18 +275,27 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   }
   char* const gen = smem_raw - base;  // generic pointer of shared address 0 (+ address)
   const int tid = threadIdx.x;
+  // PDL (launched with it when pdl > 0; common.cuh): the next kernel of the stream may start
+  // once every CTA has begun (one CTA per SM: its CTAs take SMs as these leave them). Up to
+  // pdl_wait below nothing global is read or written (x, weights, codebook and bias may be
+  // what the previous kernel writes): only shared-memory setup, the tensor map's prefetch
+  // (a kernel parameter) and, pdl >= 2, L2 prefetches of the first stages' weights.
+  if (pdl > 0) pdl_trigger();
   const int n0 = blockIdx.x * S::rows, m0 = blockIdx.y * TN;
   const int KT = (K + kStepK - 1) / kStepK;
   const int per = (KT + splits - 1) / splits;
   const int kt0 = int(blockIdx.z) * per;
   const int steps = max(0, min(per, KT - kt0));
-  const int esize = fmt == KBIT_ABSMAX_E4M4 ? 1 : fmt == KBIT_ABSMAX_F16 ? 2 : 4;
+  const int esize = absmax_bytes(fmt);
   const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages;
 
   // Rows n0 + rows .. are past N: their words and absmax stay zero in every stage (decoded to
   // 0); the copies bring only the first `rows` (a multiple of 8: N % 8 == 0).
   const int rows = min(S::rows, N - n0);
   const uint32_t p_bytes = rows * 8 * K_BITS, a_bytes = rows * 2 * esize;  // multiples of 16
+  const char* psrc = reinterpret_cast<const char*>(packed) + int64_t(n0) * 2 * K_BITS * 4;
+  const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize;
+  const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
   if (rows < S::rows) {
     constexpr int kTail = (S::packed_bytes + S::absmax_bytes) / 16;
     for (int i = tid; i < stages * kTail; i += kAll)
@@ -299,11 +308,19 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
       mbar_init(empty0 + 8 * st, WG * 4);  // one arrival per consumer warp
     }
     mbar_fence_init();
+    prefetch_tensormap(&x_map);
+    if (pdl >= 2)
+      for (int s = 0; s < min(stages, steps); s++) {
+        bulk_prefetch_l2(psrc + (kt0 + s) * p_step, p_bytes);
+        bulk_prefetch_l2(asrc + (kt0 + s) * a_step, a_bytes);
+      }
   }
+  fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(gen + lay.scales), tid, kAll);
+  if (pdl > 0) pdl_wait();
   // warp-uniform as far as the compiler can see (a shuffle from lane 0): wgmma in a branch on
   // threadIdx directly is serialized by ptxas ("divergent path", C7518)
   const bool producer = __shfl_sync(0xffffffffu, tid >> 5, 0) >= WG * 4;
-  __syncthreads();  // initialised mbarriers, zeroed tails
+  __syncthreads();  // initialised mbarriers, zeroed tails, the scale-pair table
 
   float acc[TN / 2];
 #pragma unroll
@@ -313,9 +330,6 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   if (producer) {
     if constexpr (kRegSplit<TN, WG>) setmaxnreg_dec<kProducerRegs>();
     if (tid == kThreads) {
-      const char* psrc = reinterpret_cast<const char*>(packed) + int64_t(n0) * 2 * K_BITS * 4;
-      const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize;
-      const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
       // weights read by one token tile only (gridDim.y == 1) stream through L2 evict-first
       const uint64_t w_policy = l2_policy(gridDim.y == 1);
       int slot = 0;
@@ -356,8 +370,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     }
   } else {
     if constexpr (kRegSplit<TN, WG>) setmaxnreg_inc<kConsumerRegs>();
-    // Tables: the private codebook pairs (consumers fill them while the first copies fly)
-    // and the E4M4 scale pairs. A row of the codebook table holds one entry in every lane's
+    // The private codebook table (consumers fill it while the first copies fly). A row of the codebook table holds one entry in every lane's
     // column (k <= 4: 32 columns of 4 bytes in 256; k = 5: 4 high-bit pairs x 16 columns).
     // A thread computes one entry and stores it into all of the row's columns, 4 at a time,
     // starting at a chunk rotated by the thread index so that a warp's stores spread over
@@ -380,7 +393,6 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
           *reinterpret_cast<uint4*>(row + ((c + rot) % kChunksPerEntry) * 16) = make_uint4(v, v, v, v);
       }
     }
-    fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(gen + lay.scales), tid, kThreads);
     consumer_sync<kThreads>();
     KBIT_WG_PHASE(1);
 
@@ -719,13 +731,28 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = unsigned(splits);
+  // Cluster (splits > 1) and PDL attributes. wgmma_capable implies sm_90 code, so PDL follows
+  // KBIT_PDL alone. A driver that refused the two attributes together would get the launch
+  // again without PDL (and never again with it on this device); the H100 took them (tests:
+  // test_wgmma's forced splits under every KBIT_PDL).
+  static signed char cluster_pdl_refused[64] = {};
+  const int pdl = splits > 1 && cluster_pdl_refused[device] ? 0 : pdl_mode();
+  cudaLaunchAttribute attr[2];
+  int n_attr = 0;
+  if (splits > 1) {
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = 1;
+    attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr].val.clusterDim.z = unsigned(splits);
+    n_attr++;
+  }
+  if (pdl > 0) {
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    n_attr++;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = splits > 1 ? 1 : 0;
+  cfg.numAttrs = unsigned(n_attr);
   // x as a 2-D tensor [M, K] (row stride ldx) read in boxes of 64 k x TN tokens with 128-byte
   // swizzle; out-of-range elements (tokens >= M, k >= K) arrive as zeros.
   CUtensorMap x_map;
@@ -736,8 +763,19 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
       const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
-  return cudaLaunchKernelEx(&cfg, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K), stages, splits,
-                            ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo);
+  auto launch = [&](int pdl_arg) {
+    return cudaLaunchKernelEx(&cfg, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K), stages,
+                              splits, ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo,
+                              pdl_arg);
+  };
+  cudaError_t err = launch(pdl);
+  if (err != cudaSuccess && splits > 1 && pdl > 0) {
+    (void)cudaGetLastError();  // a refused configuration, not a sticky error
+    cluster_pdl_refused[device] = 1;
+    cfg.numAttrs = 1;  // the cluster dimension alone
+    err = launch(0);
+  }
+  return err;
 }
 
 template <typename T, int K_BITS>

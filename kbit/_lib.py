@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 F32, F16, BF16 = 0, 1, 2
 DTYPE_CODES = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 ABSMAX_CODES = {"e4m4": 0, "fp16": 1, "fp32": 2}
@@ -28,6 +28,7 @@ _warned = False
 _c_int, _c_i64, _c_p = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
 _SIGNATURES = {
     "kbit_abi_version": ([], _c_int),
+    "kbit_pdl_mode": ([], _c_int),
     "kbit_error_string": ([_c_int], ctypes.c_char_p),
     "kbit_quantize": (
         [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_i64, _c_p, _c_int, _c_int, _c_int,
@@ -66,11 +67,6 @@ _SIGNATURES = {
         _c_int,
     ),
 }
-
-
-# Programmatic dependent launch of the small-M kernels (csrc/common.cuh, NOTES.md v16): mode 1
-# unless the user chose one. Set before the library is loaded; the library reads it once.
-os.environ.setdefault("KBIT_PDL", "1")
 
 
 def _load() -> None:

@@ -1,10 +1,12 @@
-"""Programmatic dependent launch (csrc/common.cuh): a gemv / mma call may start while the previous
-kernel of its stream is still running, and must wait for it before it reads x, the weights or
+"""Programmatic dependent launch (csrc/common.cuh): a gemv / mma / wgmma call may start while the
+previous kernel of its stream is still running, and must wait for it before it reads x, the weights or
 the codebook and before it writes its output. Each test makes the previous kernel write what the
 next call reads, with no synchronisation between them, and compares with the reference (W
 dequantized in float32, product in float64; tolerance of test_linear.py: 2e-3 for fp16, one
 output rounding with ~4x margin). A call that read too early would see NaN poison or the
-previous weights: errors of order 1 or NaN. Run under KBIT_PDL=0, 1 and 2 alike."""
+previous weights: errors of order 1 or NaN. Run under KBIT_PDL=0, 1 and 2 alike. The "split"
+variants force a K split over a thread-block cluster (mma S = 2, wgmma splits = 4): the cluster
+and PDL launch attributes together."""
 
 import pytest
 import torch
@@ -13,9 +15,33 @@ import kbit
 from kbit import ops
 from kbit import reference as ref
 
-from conftest import gpu, random_weight
+from conftest import GPU, gpu, random_weight
 
 TOL = 2e-3
+WGMMA = GPU and ops.wgmma_supports(1, 64, 64, 4, "cuda")
+# (kernel, forced K split): mma's split is over a cluster on sm_90 (K = 2048 at M = 8 fits one
+# CTA otherwise); wgmma's forced splits = 4 also over a cluster
+KERNELS = {"gemv": ("gemv", 0), "mma": ("mma", 0), "mma_split": ("mma", 2), "wgmma": ("wgmma", 0),
+           "wgmma_split": ("wgmma", 4)}
+
+
+@pytest.fixture
+def forced(request):
+    """Sets the forced K split of the kernel named by the test's `name`, and clears it after."""
+    def force(name):
+        kernel, split = KERNELS[name]
+        if kernel.startswith("wgmma") and not WGMMA:
+            pytest.skip("needs wgmma (compute capability 9.0, sm_90a build)")
+        if kernel == "mma":
+            if split > 1 and torch.cuda.get_device_capability()[0] < 9:
+                pytest.skip("mma's K split over a cluster needs sm_90")
+            ops.force_mma_ksplit(split)
+        elif kernel == "wgmma":
+            ops.force_wgmma_config(0, 0, split)
+        return kernel
+    yield force
+    ops.force_mma_ksplit(0)
+    ops.force_wgmma_config()
 
 
 def _rel_err(got, want):
@@ -34,11 +60,13 @@ def _call(name, x, q, out):
 
 
 @gpu
-@pytest.mark.parametrize("name,m", [("gemv", 1), ("gemv", 4), ("mma", 1), ("mma", 8)])
+@pytest.mark.parametrize("name,m", [("gemv", 1), ("gemv", 4), ("mma", 1), ("mma", 8), ("mma_split", 8),
+                                    ("wgmma", 16), ("wgmma", 200), ("wgmma_split", 64)])
 @pytest.mark.parametrize("k", [2, 4, 5])
-def test_chain_reads_previous_output(name, m, k, rng):
+def test_chain_reads_previous_output(name, m, k, rng, forced):
     """y1 = x W1^T, then y2 = y1 W2^T right behind it (the second call reads what the first
     wrote); y1 is NaN-poisoned by a fill just before the first call."""
+    request_name, name = name, forced(name)
     q1 = kbit.repack(kbit.quantize(random_weight(1024, 2048, gen=rng, device="cuda", spread=0.5), k=k))
     q2 = kbit.repack(kbit.quantize(random_weight(512, 1024, gen=rng, device="cuda", spread=0.5), k=k))
     y1 = torch.empty(m, 1024, dtype=torch.float16, device="cuda")
@@ -51,13 +79,17 @@ def test_chain_reads_previous_output(name, m, k, rng):
         _call(name, y1, q2, y2)
         assert _rel_err(y1.cpu(), _ref(x, q1)) <= TOL
         assert _rel_err(y2.cpu(), _ref(y1, q2)) <= TOL
+    if name == "mma" and KERNELS[request_name][1] > 1:  # the split really ran
+        assert ops.mma_ksplit(m, 1024, 512, k, "cuda") == KERNELS[request_name][1]
 
 
 @gpu
-@pytest.mark.parametrize("name,m", [("gemv", 1), ("mma", 1), ("mma", 8)])
-def test_weights_written_just_before(name, m, rng):
+@pytest.mark.parametrize("name,m", [("gemv", 1), ("mma", 1), ("mma", 8), ("mma_split", 8), ("wgmma", 32),
+                                    ("wgmma_split", 32)])
+def test_weights_written_just_before(name, m, rng, forced):
     """The packed words, scales and codebook of a call are copied into its buffers by the
     kernels right before it (they held another weight's until then)."""
+    name = forced(name)
     qa = kbit.repack(kbit.quantize(random_weight(2048, 2048, gen=rng, device="cuda", spread=0.5), k=4))
     steps = torch.cumsum(torch.rand(16, generator=rng) + 0.2, 0)  # a random codebook, gaps >= ~0.02
     cb_b = (steps - steps[0]) / (steps[-1] - steps[0]) * 2 - 1
@@ -76,9 +108,10 @@ def test_weights_written_just_before(name, m, rng):
 
 
 @gpu
-@pytest.mark.parametrize("name,m", [("gemv", 2), ("mma", 3)])
-def test_chain_in_cuda_graph(name, m, rng):
+@pytest.mark.parametrize("name,m", [("gemv", 2), ("mma", 3), ("wgmma", 48), ("wgmma_split", 48)])
+def test_chain_in_cuda_graph(name, m, rng, forced):
     """The chain of test_chain_reads_previous_output captured once and replayed with new x."""
+    name = forced(name)
     q1 = kbit.repack(kbit.quantize(random_weight(1024, 2048, gen=rng, device="cuda", spread=0.5), k=3))
     q2 = kbit.repack(kbit.quantize(random_weight(512, 1024, gen=rng, device="cuda", spread=0.5), k=3))
     x = torch.randn(m, 2048, generator=rng).to(torch.float16).cuda()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 MODEL_SHAPES = {  # name: (K, N)
@@ -80,9 +79,9 @@ def run(args) -> int:
     print(f"device: {info['device']} ({info['sms']} SMs, L2 {info['l2_mb']} MB); "
           f"torch {info['torch']}, CUDA {info['cuda']}, kbit {kbit.__version__}")
     print(f"nvidia-smi (driver, sm clock, mem clock, max sm clock, power limit): {info['nvidia_smi']}")
-    info["pdl"] = os.environ["KBIT_PDL"]  # set by kbit._lib (default 1) or the user
+    info["pdl"] = kbit._lib._lib.kbit_pdl_mode()  # KBIT_PDL as the library read it (default 1)
     info["after_fill"] = bool(args.after_fill)
-    print(f"PDL mode of the small-M kernels (KBIT_PDL): {info['pdl']}; "
+    print(f"PDL mode of gemv, mma and wgmma (KBIT_PDL): {info['pdl']}; "
           + ("every call timed after a 1-element fill_ (its time subtracted)" if args.after_fill
              else "back-to-back calls"))
     set_after_fill(args.after_fill)
