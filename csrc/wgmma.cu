@@ -80,7 +80,17 @@ constexpr int kStepK = 64;      // k values per step: one tiled64 k-tile
 constexpr int kWgRows = 64;     // weight rows per warpgroup (the wgmma M)
 constexpr int kMaxStages = 6;   // shared stages (steps in flight) at most (16 measured no faster)
 constexpr int kMaxSplits = 8;   // CTAs per cluster (portable limit)
-constexpr uint32_t kTableAlign = 64 * 1024;  // the PRMT addressing needs bytes 0-1 of the base zero
+// The codebook table sits at this constant offset in the CTA's shared window (at or past the
+// start of dynamic shared memory: the end of the 1 KB the system reserves on sm_90;
+// wgmma_capable checks the reservation). The window itself starts at a multiple of 2^24 in a
+// cluster launch (CTA rank r: r << 24; H100, NOTES.md v17), so a lookup is one PRMT forming
+// (window's high bytes | index byte << 8 | lane column) and one LDS with kTableAt as its
+// immediate offset. (It used to sit at a 64 KB aligned address whose high
+// bytes the PRMT merged in: every CTA then needed >= 128 KB at k = 4 and 5, one CTA per SM,
+// while k = 2 and 3 ran 2-3 per SM and were up to 1.8x faster at M <= 64; NOTES.md v17.)
+constexpr uint32_t kTableAt = 1024;
+// Stages at least, when fewer stages let 2 CTAs share an SM (stages_for).
+constexpr int kMinSharedStages = 3;
 
 // Private per-lane codebook table: k = 2..4: 2^(2k) entries (a byte of two interleaved k-bit
 // indices) of 256 bytes (lane L's pair at L * 4; the upper half unused); k = 5: 1024 entries
@@ -108,34 +118,23 @@ struct Shape {
   static constexpr uint32_t red_bytes = uint32_t(TN) * red_stride * 4;
 };
 
-// Shared-memory layout, absolute shared addresses from the start of dynamic shared memory
-// (`base`): stages in front of the 64 KB aligned table as far as they fit, the others behind
-// it; then the E4M4 scale table and the mbarriers. The reduction tile (after the main loop:
-// split-K partials, or the C passes of the epilogue) reuses the front stages if it fits
-// there, else the codebook table and the back stages (both dead after the main loop; the
-// consumers synchronize before writing it).
+// Shared-memory layout, shared addresses in the CTA's window starting at `win` (dynamic shared
+// memory starts at win + (<= kTableAt)): the codebook table at win + kTableAt, the stages
+// behind it (1024-aligned: the x tile's 128-byte swizzle), the E4M4 scale table and the
+// mbarriers. The reduction tile (after the main loop: split-K partials, or the C passes of the
+// epilogue) overlays the table and the stages (both dead after the main loop; the consumers
+// synchronize before writing it).
 struct RsLayout {
-  uint32_t front, back, table, red, scales, bars, end;
-  int n_front;
-  __host__ __device__ uint32_t stage(int i, uint32_t stage_bytes) const {
-    return i < n_front ? front + i * stage_bytes : back + (i - n_front) * stage_bytes;
-  }
+  uint32_t table, stages0, red, scales, bars, end;
+  __host__ __device__ uint32_t stage(int i, uint32_t stage_bytes) const { return stages0 + i * stage_bytes; }
 };
-__host__ __device__ inline RsLayout rs_layout(uint32_t base, uint32_t stage_bytes, int stages, uint32_t table_bytes,
+__host__ __device__ inline RsLayout rs_layout(uint32_t win, uint32_t stage_bytes, int stages, uint32_t table_bytes,
                                               uint32_t red_bytes) {
   RsLayout l;
-  l.front = (base + 1023) & ~1023u;
-  l.table = (base + kTableAlign - 1) & ~(kTableAlign - 1);
-  const uint32_t room = l.table - l.front;
-  l.n_front = min(stages, int(room / stage_bytes));
-  l.back = (l.table + table_bytes + 1023) & ~1023u;
-  uint32_t e = l.back + uint32_t(stages - l.n_front) * stage_bytes;
-  if (red_bytes <= room) {
-    l.red = l.front;
-  } else {
-    l.red = l.table;
-    e = max(e, l.table + red_bytes);
-  }
+  l.table = win + kTableAt;
+  l.stages0 = (l.table + table_bytes + 1023) & ~1023u;
+  l.red = l.table;
+  const uint32_t e = max(l.stages0 + uint32_t(stages) * stage_bytes, l.red + red_bytes);
   l.scales = e;
   l.bars = e + kScalePairBytes;
   l.end = l.bars + 16 * stages;
@@ -267,11 +266,12 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   extern __shared__ __align__(1024) char smem_raw[];
   KBIT_WG_PHASE(0);
   const uint32_t base = smem_u32(smem_raw);
-  const RsLayout lay = rs_layout(base, S::stage_bytes, stages, kTableBytes<K_BITS>, S::red_bytes);
+  const uint32_t win = base & 0xFFFF0000u;  // the window's start (cluster rank << 24)
+  const RsLayout lay = rs_layout(win, S::stage_bytes, stages, kTableBytes<K_BITS>, S::red_bytes);
   {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (lay.end - base > dyn) __trap();  // launcher bug
+    if (base - win > kTableAt || lay.end > base + dyn) __trap();  // launcher bug
   }
   char* const gen = smem_raw - base;  // generic pointer of shared address 0 (+ address)
   const int tid = threadIdx.x;
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     KBIT_WG_PHASE(1);
 
     const int r0 = wg * kWgRows + warp * 16 + g;  // CTA-local rows r0, r0 + 8 of this lane
-    const uint32_t lane_base = lay.table | uint32_t(K_BITS == 5 ? (lane & 15) * 4 : lane * 4);
+    const uint32_t lane_col = win | uint32_t(K_BITS == 5 ? (lane & 15) * 4 : lane * 4);  // + kTableAt in the LDS
     uint32_t rot[K_BITS];  // rotate plane b right by 2c - 2b (k = 5, plane 4: 2c - 6)
 #pragma unroll
     for (int b = 0; b < K_BITS; b++) rot[b] = uint32_t(2 * c - 2 * (b < 4 ? b : 3)) & 31u;
@@ -441,15 +441,15 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
           // byte y: positions 8y + 2c, +1 of the block = slice 2b + y / 2, register rr + 2 (y % 2)
           if (!(KBIT_WG_PROBE & 1)) {
             if constexpr (K_BITS == 5) {
-              a[2 * b][rr] = mul2<T>(lds32(entry_addr5<0>(n, hi, lane_base)), s2);
-              a[2 * b][rr + 2] = mul2<T>(lds32(entry_addr5<1>(n, hi, lane_base)), s2);
-              a[2 * b + 1][rr] = mul2<T>(lds32(entry_addr5<2>(n, hi, lane_base)), s2);
-              a[2 * b + 1][rr + 2] = mul2<T>(lds32(entry_addr5<3>(n, hi, lane_base)), s2);
+              a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<0>(n, hi, lane_col)), s2);
+              a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<1>(n, hi, lane_col)), s2);
+              a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<2>(n, hi, lane_col)), s2);
+              a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<3>(n, hi, lane_col)), s2);
             } else {
-              a[2 * b][rr] = mul2<T>(lds32(entry_addr<0>(n, lane_base)), s2);
-              a[2 * b][rr + 2] = mul2<T>(lds32(entry_addr<1>(n, lane_base)), s2);
-              a[2 * b + 1][rr] = mul2<T>(lds32(entry_addr<2>(n, lane_base)), s2);
-              a[2 * b + 1][rr + 2] = mul2<T>(lds32(entry_addr<3>(n, lane_base)), s2);
+              a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<0>(n, lane_col)), s2);
+              a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr<1>(n, lane_col)), s2);
+              a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<2>(n, lane_col)), s2);
+              a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr<3>(n, lane_col)), s2);
             }
           } else {
             a[2 * b][rr] = a[2 * b][rr + 2] = a[2 * b + 1][rr] = a[2 * b + 1][rr + 2] = n ^ hi ^ s2;
@@ -641,6 +641,7 @@ bool wgmma_capable(int device) {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     cudaFuncAttributes attr;
     const bool ok = major == 9 && minor == 0 && tensor_map_encoder() != nullptr &&
+                    device_info(device).smem_reserved <= int(kTableAt) &&
                     cudaFuncGetAttributes(&attr, wgmma_kernel<__half, 4, 64, 1>) == cudaSuccess &&
                     attr.binaryVersion == 90;
     known[device] = ok ? 1 : -1;
@@ -672,15 +673,25 @@ void choose(int64_t M, int64_t N, int& tn, int& wg, int sms) {
   if (forced_wg() != 0) wg = forced_wg();
 }
 
-// Stages that fit the device's shared memory for this configuration (0: none).
+// Stages for this configuration (0: none fits). shared: the most (up to kMaxStages, at least
+// kMinSharedStages) with which 2 CTAs fit an SM's shared memory (0 if none); else (solo) the
+// most that fit one CTA. `bytes`: the dynamic shared memory to ask for; solo asks for more than
+// half an SM's, so that no second CTA joins it (a solo layout of ~107 KB let the scheduler
+// pack a cluster's CTAs 2 per SM: KV 4.8 -> 5.3 us at M = 16, NOTES.md v17).
 template <typename T, int K_BITS, int TN, int WG>
-int stages_for(int device, uint32_t& bytes) {
+int stages_for(int device, bool shared, uint32_t& bytes) {
   using S = Shape<K_BITS, TN, WG>;
   const DeviceInfo& d = device_info(device);
-  for (int st = kMaxStages; st >= 2; st--) {
-    const RsLayout l = rs_layout(uint32_t(d.smem_reserved), S::stage_bytes, st, kTableBytes<K_BITS>, S::red_bytes);
-    bytes = l.end - uint32_t(d.smem_reserved);
-    if (int64_t(bytes) <= d.smem_optin) return st;
+  // counted from shared address 0: whether dynamic shared memory starts at 0 or after the
+  // reservation (<= kTableAt), it then reaches the layout's end
+  auto bytes_of = [&](int st) { return rs_layout(0, S::stage_bytes, st, kTableBytes<K_BITS>, S::red_bytes).end; };
+  for (int st = kMaxStages; st >= (shared ? kMinSharedStages : 2); st--) {
+    bytes = bytes_of(st);
+    const bool fits = shared ? 2 * (int64_t(bytes) + d.smem_reserved) <= d.smem_per_sm : true;
+    if (fits && int64_t(bytes) <= d.smem_optin) {
+      if (!shared) bytes = max(bytes, uint32_t(min(d.smem_optin, d.smem_per_sm / 2 - d.smem_reserved + 1024)));
+      return st;
+    }
   }
   return 0;
 }
@@ -690,41 +701,63 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
                        const int32_t* packed, const void* absmax, int fmt, const float* codebook,
                        int64_t N, int64_t K, int splits, int exponent, const void* bias, void* out, int64_t ldo) {
   constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG>;
-  uint32_t smem = 0;
-  const int stages = stages_for<T, K_BITS, TN, WG>(device, smem);
-  if (stages == 0) return cudaErrorInvalidValue;
-  static uint32_t attr_bytes[64] = {};
-  if (attr_bytes[device] < smem) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-    attr_bytes[device] = smem;
-  }
+  const unsigned threads = WG * 128 + kProducerThreads<TN, WG>;
+  const int64_t tiles = ceil_div(N, kWgRows * WG) * ceil_div(M, TN);
+  const int sms = device_info(device).sms;
+  // Two layouts: "shared" (fewer stages, 2 CTAs fit an SM) and "solo" (the most stages, one
+  // CTA per SM). Two CTAs per SM hide each other's step chain (copy -> decode -> wgmma): with
+  // the table at a 64 KB aligned address k = 4 / 5 could only run solo and were up to 1.8x
+  // slower than k = 2 / 3 (which ran 2-3 per SM) at M <= 64 (NOTES.md v17). But a grid of at
+  // most one CTA per SM runs faster solo: shared, the scheduler packed a cluster's CTAs 2 per
+  // SM (KV at M = 16..256: 4.8 -> 5.4 .. 8.1 -> 11.8 us). So: plan shared, and take it when
+  // its grid has more CTAs than SMs; else plan solo.
+  //
   // K split over a cluster of `splits` CTAs: the count whose waves x steps per CTA is least
   // (+ kSplitOverhead steps per CTA for the table build and the reduction; ties: fewer
   // splits), with at least 2 steps per CTA. Waves come from the clusters that fit at once
-  // (clusters_at_once, once per device and count): at one CTA per SM, clusters of 4 fit on
-  // fewer than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
-  const unsigned threads = WG * 128 + kProducerThreads<TN, WG>;
-  const int64_t tiles = ceil_div(N, kWgRows * WG) * ceil_div(M, TN);
-  if (splits == 0) {
-    static int fit[64][kMaxSplits + 1] = {};  // clusters (CTAs for 1) at once; 0 unknown, -1 none
-    constexpr int64_t kSplitOverhead = 4;
-    const int64_t kt = ceil_div(K, kStepK);
-    int64_t best = -1;
-    splits = 1;
-    for (int sp = 1; sp <= kMaxSplits && (sp == 1 || kt >= 2 * sp); sp++) {
-      if (fit[device][sp] == 0) {
-        const int n = clusters_at_once(kernel, threads, smem, sp, 2);
-        fit[device][sp] = n > 0 ? n : -1;
-      }
-      if (fit[device][sp] < 0) continue;
-      const int64_t cost = ceil_div(tiles, fit[device][sp]) * (ceil_div(kt, sp) + kSplitOverhead);
-      if (best < 0 || cost < best) {
-        best = cost;
-        splits = sp;
+  // (clusters_at_once, once per device, layout and count): at one CTA per SM, clusters of 4
+  // fit on fewer than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
+  // The function's dynamic shared memory limit covers the solo layout (the larger): set before
+  // the occupancy queries, which count with it.
+  uint32_t solo_bytes = 0;
+  if (stages_for<T, K_BITS, TN, WG>(device, false, solo_bytes) == 0) return cudaErrorInvalidValue;
+  static uint32_t attr_bytes[64] = {};
+  if (attr_bytes[device] < solo_bytes) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(solo_bytes));
+    if (e != cudaSuccess) return e;
+    attr_bytes[device] = solo_bytes;
+  }
+  static int fit[2][64][kMaxSplits + 1] = {};  // clusters (CTAs for 1) at once; 0 unknown, -1 none
+  const int forced_splits = splits;
+  auto plan = [&](bool shared, uint32_t& smem, int& sp_out) -> int {
+    const int stages = stages_for<T, K_BITS, TN, WG>(device, shared, smem);
+    if (stages == 0) return 0;
+    sp_out = forced_splits;
+    if (sp_out == 0) {
+      constexpr int64_t kSplitOverhead = 4;
+      const int64_t kt = ceil_div(K, kStepK);
+      int64_t best = -1;
+      sp_out = 1;
+      for (int sp = 1; sp <= kMaxSplits && (sp == 1 || kt >= 2 * sp); sp++) {
+        int& f = fit[shared][device][sp];
+        if (f == 0) {
+          const int n = clusters_at_once(kernel, threads, smem, sp, 2);
+          f = n > 0 ? n : -1;
+        }
+        if (f < 0) continue;
+        const int64_t cost = ceil_div(tiles, f) * (ceil_div(kt, sp) + kSplitOverhead);
+        if (best < 0 || cost < best) {
+          best = cost;
+          sp_out = sp;
+        }
       }
     }
-  }
+    return stages;
+  };
+  uint32_t smem = 0;
+  int stages = plan(true, smem, splits);
+  if (stages == 0 || tiles * splits <= sms) stages = plan(false, smem, splits);
+  if (stages == 0) return cudaErrorInvalidValue;
   if (splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), unsigned(splits));
@@ -733,8 +766,8 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   cfg.stream = stream;
   // Cluster (splits > 1) and PDL attributes. wgmma_capable implies sm_90 code, so PDL follows
   // KBIT_PDL alone. A driver that refused the two attributes together would get the launch
-  // again without PDL (and never again with it on this device); the H100 took them (tests:
-  // test_wgmma's forced splits under every KBIT_PDL).
+  // again without PDL (and never again with it on this device); the H100 took them (its
+  // cluster-launched cells gained from PDL like the others: NOTES.md v17).
   static signed char cluster_pdl_refused[64] = {};
   const int pdl = splits > 1 && cluster_pdl_refused[device] ? 0 : pdl_mode();
   cudaLaunchAttribute attr[2];
