@@ -932,7 +932,8 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   // Cluster (plan.S > 1) and PDL attributes; a driver that refused the two together gets the
-  // launch again without PDL (and never again with it on this device), as in wgmma.cu.
+  // launch again without PDL (and never again with it for this kernel and device; any launch
+  // error counts as a refusal), as in wgmma.cu.
   static signed char cluster_pdl_refused[64] = {};
   auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int items_per_warp, int pdl) {
     if (attr_err != cudaSuccess) return attr_err;

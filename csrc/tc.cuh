@@ -17,8 +17,8 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
 }
 
 // Shared address of the table entry for byte I of the index word n, in one PRMT: lane_base =
-// the table's address (64 KB aligned: bytes 2, 3; or 0, the address then added by the load:
-// lds32_at) | this lane's offset in a row (byte 0); the byte of indices becomes byte 1.
+// the table's address (64 KB aligned: bytes 2, 3; or, wgmma.cu, only the shared window's high
+// bytes, the table's offset then added by the load: lds32_at) | this lane's offset in a row (byte 0); the byte of indices becomes byte 1.
 template <int I>
 __device__ __forceinline__ uint32_t entry_addr(uint32_t n, uint32_t lane_base) {
   uint32_t d;
@@ -28,7 +28,8 @@ __device__ __forceinline__ uint32_t entry_addr(uint32_t n, uint32_t lane_base) {
 
 // k = 5: shared address of the entry for byte I of the low-nibble word n and byte I of hi
 // (its 2 high bits at bits 6-7): the low nibbles become byte 1, the high bits byte 0, OR-ed
-// with lane_base (the table's 64 KB aligned address, or 0 as above | this lane's column * 4).
+// with lane_base (the table's 64 KB aligned address, or the window's as above | this lane's
+// column * 4).
 template <int I>
 __device__ __forceinline__ uint32_t entry_addr5(uint32_t n, uint32_t hi, uint32_t lane_base) {
   uint32_t d;

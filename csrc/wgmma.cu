@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   char* const gen = smem_raw - base;  // generic pointer of shared address 0 (+ address)
   const int tid = threadIdx.x;
   // PDL (launched with it when pdl > 0; common.cuh): the next kernel of the stream may start
-  // once every CTA has begun (one CTA per SM: its CTAs take SMs as these leave them). Up to
+  // once every CTA has begun (its CTAs then take SMs as these CTAs leave them). Up to
   // pdl_wait below nothing global is read or written (x, weights, codebook and bias may be
   // what the previous kernel writes): only shared-memory setup, the tensor map's prefetch
   // (a kernel parameter) and, pdl >= 2, L2 prefetches of the first stages' weights.
@@ -715,7 +715,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   // K split over a cluster of `splits` CTAs: the count whose waves x steps per CTA is least
   // (+ kSplitOverhead steps per CTA for the table build and the reduction; ties: fewer
   // splits), with at least 2 steps per CTA. Waves come from the clusters that fit at once
-  // (clusters_at_once, once per device, layout and count): at one CTA per SM, clusters of 4
+  // (clusters_at_once, once per device, layout and count): solo, clusters of 4
   // fit on fewer than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
   // The function's dynamic shared memory limit covers the solo layout (the larger): set before
   // the occupancy queries, which count with it.
@@ -766,7 +766,8 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   cfg.stream = stream;
   // Cluster (splits > 1) and PDL attributes. wgmma_capable implies sm_90 code, so PDL follows
   // KBIT_PDL alone. A driver that refused the two attributes together would get the launch
-  // again without PDL (and never again with it on this device); the H100 took them (its
+  // again without PDL (and never again with it for this kernel and device; any launch error
+  // counts as a refusal); the H100 took them (its
   // cluster-launched cells gained from PDL like the others: NOTES.md v17).
   static signed char cluster_pdl_refused[64] = {};
   const int pdl = splits > 1 && cluster_pdl_refused[device] ? 0 : pdl_mode();

@@ -26,7 +26,7 @@ KERNELS = {"gemv": ("gemv", 0), "mma": ("mma", 0), "mma_split": ("mma", 2), "wgm
 
 
 @pytest.fixture
-def forced(request):
+def forced():
     """Sets the forced K split of the kernel named by the test's `name`, and clears it after."""
     def force(name):
         kernel, split = KERNELS[name]
