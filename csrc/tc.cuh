@@ -18,7 +18,8 @@ __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
 
 // Shared address of the table entry for byte I of the index word n, in one PRMT: lane_base =
 // the table's address (64 KB aligned: bytes 2, 3; or, wgmma.cu, only the shared window's high
-// bytes, the table's offset then added by the load: lds32_at) | this lane's offset in a row (byte 0); the byte of indices becomes byte 1.
+// bytes, the table's offset then added by the load: lds32_at) | this lane's offset in a row
+// (byte 0); the byte of indices becomes byte 1.
 template <int I>
 __device__ __forceinline__ uint32_t entry_addr(uint32_t n, uint32_t lane_base) {
   uint32_t d;

@@ -715,8 +715,8 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   // K split over a cluster of `splits` CTAs: the count whose waves x steps per CTA is least
   // (+ kSplitOverhead steps per CTA for the table build and the reduction; ties: fewer
   // splits), with at least 2 steps per CTA. Waves come from the clusters that fit at once
-  // (clusters_at_once, once per device, layout and count): solo, clusters of 4
-  // fit on fewer than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
+  // (clusters_at_once, once per device, layout and count): solo, clusters of 4 fit on fewer
+  // than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
   // The function's dynamic shared memory limit covers the solo layout (the larger): set before
   // the occupancy queries, which count with it.
   uint32_t solo_bytes = 0;
@@ -767,8 +767,8 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   // Cluster (splits > 1) and PDL attributes. wgmma_capable implies sm_90 code, so PDL follows
   // KBIT_PDL alone. A driver that refused the two attributes together would get the launch
   // again without PDL (and never again with it for this kernel and device; any launch error
-  // counts as a refusal); the H100 took them (its
-  // cluster-launched cells gained from PDL like the others: NOTES.md v17).
+  // counts as a refusal); the H100 took them (its cluster-launched cells gained from PDL like
+  // the others: NOTES.md v17).
   static signed char cluster_pdl_refused[64] = {};
   const int pdl = splits > 1 && cluster_pdl_refused[device] ? 0 : pdl_mode();
   cudaLaunchAttribute attr[2];
