@@ -275,6 +275,37 @@ int pdl_for(int device) {
   return mode > 0 && has_sm90_code<Kernel>(device) ? mode : 0;
 }
 
+// The launch attribute for clusters of `size` CTAs along grid dimension `axis` (0 = x .. 2 = z).
+inline cudaLaunchAttribute cluster_attribute(int size, int axis) {
+  cudaLaunchAttribute a;
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = axis == 0 ? unsigned(size) : 1u;
+  a.val.clusterDim.y = axis == 1 ? unsigned(size) : 1u;
+  a.val.clusterDim.z = axis == 2 ? unsigned(size) : 1u;
+  return a;
+}
+
+// cudaLaunchKernelEx of `kernel` with cfg's grid, block, shared memory and stream, plus the
+// attributes kbit launches with: clusters of `cluster` CTAs along grid dimension `axis` when
+// cluster > 1 (the split-K variants) and PDL when pdl > 0 (pdl_for). A driver that refuses a
+// combination fails the launch with its error; there is no silent fallback (the H100 takes
+// clusters and PDL together: NOTES.md v17).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(cudaLaunchConfig_t cfg, int cluster, int axis, int pdl, void (*kernel)(Params...),
+                          Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster > 1) attr[n++] = cluster_attribute(cluster, axis);
+  if (pdl > 0) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+}
+
 // Per-device limits the launchers need on every call, read once per device (a few
 // cudaDeviceGetAttribute calls cost microseconds of host time at M = 1).
 struct DeviceInfo {

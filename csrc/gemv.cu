@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
 }
 
 template <typename T, int K_BITS, int M>
-cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, const int32_t* packed,
+cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const int32_t* packed,
                    const void* absmax, int fmt, const float* cb, int64_t N, int64_t K,
                    int exponent, const void* bias, void* out, int64_t ldo) {
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
@@ -184,8 +184,6 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, const int32_t* pa
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   const float shift_up = ldexpf(1.f, exponent);
-  int device = 0;
-  cudaGetDevice(&device);
   auto go = [&](auto x_smem, size_t smem) {
     constexpr auto kernel = gemv_kernel<T, K_BITS, M, decltype(x_smem)::value>;
     const int pdl = pdl_for<kernel>(device);
@@ -194,13 +192,8 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, const int32_t* pa
     cfg.blockDim = dim3(kWarps * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl > 0 ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt,
-                              static_cast<T*>(out), ldo, pdl);
+    return launch_kernel(cfg, 1, 0, pdl, kernel, xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt,
+                         static_cast<T*>(out), ldo, pdl);
   };
   if (x_bytes <= kMaxXSmem) {
     if (x_bytes > 48 * 1024) {
@@ -214,27 +207,27 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, const int32_t* pa
 }
 
 template <typename T, int K_BITS>
-cudaError_t launch_m(int m, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
+cudaError_t launch_m(int m, int device, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
                      const void* a, int fmt, const float* cb, int64_t N, int64_t K, int e,
                      const void* bias, void* out, int64_t ldo) {
   switch (m) {
-    case 1: return launch<T, K_BITS, 1>(s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 2: return launch<T, K_BITS, 2>(s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 3: return launch<T, K_BITS, 3>(s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 4: return launch<T, K_BITS, 4>(s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 1: return launch<T, K_BITS, 1>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 2: return launch<T, K_BITS, 2>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 3: return launch<T, K_BITS, 3>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 4: return launch<T, K_BITS, 4>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
   }
   return cudaErrorInvalidValue;
 }
 
 template <typename T>
-cudaError_t launch_k(int k, int m, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
+cudaError_t launch_k(int k, int m, int device, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
                      const void* a, int fmt, const float* cb, int64_t N, int64_t K, int e,
                      const void* bias, void* out, int64_t ldo) {
   switch (k) {
-    case 2: return launch_m<T, 2>(m, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 3: return launch_m<T, 3>(m, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 4: return launch_m<T, 4>(m, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 5: return launch_m<T, 5>(m, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 2: return launch_m<T, 2>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 3: return launch_m<T, 3>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 4: return launch_m<T, 4>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 5: return launch_m<T, 5>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
   }
   return cudaErrorInvalidValue;
 }
@@ -249,7 +242,7 @@ extern "C" int kbit_gemv(int device, void* stream, const void* x, int dtype, int
   using namespace kbit;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return small_m_entry(device, dtype, M, N, 4, [&](auto t) {
-    return launch_k<decltype(t)>(k, int(M), s, x, ldx, packed, absmax, absmax_format, codebook, N, K,
+    return launch_k<decltype(t)>(k, int(M), device, s, x, ldx, packed, absmax, absmax_format, codebook, N, K,
                                  absmax_exponent, bias, out, ldo);
   });
 }

@@ -931,47 +931,17 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     }
   }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  // Cluster (plan.S > 1) and PDL attributes; a driver that refused the two together gets the
-  // launch again without PDL (and never again with it for this kernel and device; any launch
-  // error counts as a refusal), as in wgmma.cu.
-  static signed char cluster_pdl_refused[64] = {};
+  // Clusters of plan.S CTAs (the split variant) and PDL: launch_kernel.
   auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int items_per_warp, int pdl) {
     if (attr_err != cudaSuccess) return attr_err;
-    if (plan.S > 1 && cluster_pdl_refused[device]) pdl = 0;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(plan.ctas * plan.S));
     cfg.blockDim = dim3(unsigned(kThreadsPerCta<NT>));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr[2];
-    int n_attr = 0;
-    if (plan.S > 1) {
-      attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-      attr[n_attr].val.clusterDim.x = unsigned(plan.S);
-      attr[n_attr].val.clusterDim.y = attr[n_attr].val.clusterDim.z = 1;
-      n_attr++;
-    }
-    if (pdl > 0) {
-      attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-      n_attr++;
-    }
-    cfg.attrs = attr;
-    cfg.numAttrs = unsigned(n_attr);
-    auto launch_with = [&](int pdl_arg) {
-      return cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
-                                int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages,
-                                ldexpf(1.f, exponent), vec_x, static_cast<const T*>(bias), static_cast<T*>(out),
-                                ldo, pdl_arg);
-    };
-    cudaError_t err = launch_with(pdl);
-    if (err != cudaSuccess && plan.S > 1 && pdl > 0) {
-      (void)cudaGetLastError();  // a refused configuration, not a sticky error
-      cluster_pdl_refused[device] = 1;
-      cfg.numAttrs = 1;  // the cluster dimension alone
-      err = launch_with(0);
-    }
-    return err;
+    return launch_kernel(cfg, plan.S, 0, pdl, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
+                         int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages, ldexpf(1.f, exponent), vec_x,
+                         static_cast<const T*>(bias), static_cast<T*>(out), ldo, pdl);
   };
   const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
   auto go = [&](auto bulk, auto split) {

@@ -83,17 +83,11 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t bits, int fmt, const uin
 // cleared (not sticky: the next launch must not report it).
 template <typename Kernel>
 inline int clusters_at_once(Kernel kernel, unsigned threads, size_t smem, int size, int axis) {
-  unsigned dims[3] = {1, 1, 1};
-  dims[axis] = unsigned(size);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(dims[0], dims[1], dims[2]);
+  cfg.gridDim = dim3(axis == 0 ? unsigned(size) : 1u, axis == 1 ? unsigned(size) : 1u, axis == 2 ? unsigned(size) : 1u);
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = dims[0];
-  attr[0].val.clusterDim.y = dims[1];
-  attr[0].val.clusterDim.z = dims[2];
+  cudaLaunchAttribute attr[1] = {cluster_attribute(size, axis)};
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int n = 0;

@@ -717,21 +717,37 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   // splits), with at least 2 steps per CTA. Waves come from the clusters that fit at once
   // (clusters_at_once, once per device, layout and count): solo, clusters of 4 fit on fewer
   // than 132 SMs, and 32 clusters of 4 ran as 2 waves (down, k = 4, NOTES v12).
-  // The function's dynamic shared memory limit covers the solo layout (the larger): set before
-  // the occupancy queries, which count with it.
-  uint32_t solo_bytes = 0;
-  if (stages_for<T, K_BITS, TN, WG>(device, false, solo_bytes) == 0) return cudaErrorInvalidValue;
-  static uint32_t attr_bytes[64] = {};
-  if (attr_bytes[device] < solo_bytes) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(solo_bytes));
+  // The two layouts' stages and bytes, once per device (stages_for). The function's dynamic
+  // shared memory limit covers the solo layout (the larger), set before the occupancy queries
+  // (which count with it). The shared layout is dropped when its 2 CTAs do not fit an SM for
+  // another reason (registers: TN = 128 with 2 warpgroups), so that such a grid keeps solo's
+  // stages.
+  static int plan_stages[2][64];
+  static uint32_t plan_bytes[2][64];
+  static bool planned[64] = {};
+  if (!planned[device]) {
+    plan_stages[0][device] = stages_for<T, K_BITS, TN, WG>(device, false, plan_bytes[0][device]);
+    if (plan_stages[0][device] == 0) return cudaErrorInvalidValue;
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan_bytes[0][device]));
     if (e != cudaSuccess) return e;
-    attr_bytes[device] = solo_bytes;
+    plan_stages[1][device] = stages_for<T, K_BITS, TN, WG>(device, true, plan_bytes[1][device]);
+    int per_sm = 0;
+    if (plan_stages[1][device] > 0 &&
+        (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), plan_bytes[1][device]) !=
+             cudaSuccess ||
+         per_sm < 2)) {
+      (void)cudaGetLastError();
+      plan_stages[1][device] = 0;
+    }
+    planned[device] = true;
   }
   static int fit[2][64][kMaxSplits + 1] = {};  // clusters (CTAs for 1) at once; 0 unknown, -1 none
   const int forced_splits = splits;
   auto plan = [&](bool shared, uint32_t& smem, int& sp_out) -> int {
-    const int stages = stages_for<T, K_BITS, TN, WG>(device, shared, smem);
+    const int stages = plan_stages[shared][device];
     if (stages == 0) return 0;
+    smem = plan_bytes[shared][device];
     sp_out = forced_splits;
     if (sp_out == 0) {
       constexpr int64_t kSplitOverhead = 4;
@@ -764,29 +780,9 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  // Cluster (splits > 1) and PDL attributes. wgmma_capable implies sm_90 code, so PDL follows
-  // KBIT_PDL alone. A driver that refused the two attributes together would get the launch
-  // again without PDL (and never again with it for this kernel and device; any launch error
-  // counts as a refusal); the H100 took them (its cluster-launched cells gained from PDL like
-  // the others: NOTES.md v17).
-  static signed char cluster_pdl_refused[64] = {};
-  const int pdl = splits > 1 && cluster_pdl_refused[device] ? 0 : pdl_mode();
-  cudaLaunchAttribute attr[2];
-  int n_attr = 0;
-  if (splits > 1) {
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = 1;
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = unsigned(splits);
-    n_attr++;
-  }
-  if (pdl > 0) {
-    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-    n_attr++;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = unsigned(n_attr);
+  // wgmma_capable implies sm_90 code, so PDL follows KBIT_PDL alone (launch_kernel: clusters
+  // along z for the K split, and PDL).
+  const int pdl = pdl_mode();
   // x as a 2-D tensor [M, K] (row stride ldx) read in boxes of 64 k x TN tokens with 128-byte
   // swizzle; out-of-range elements (tokens >= M, k >= K) arrive as zeros.
   CUtensorMap x_map;
@@ -797,19 +793,9 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
       const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
-  auto launch = [&](int pdl_arg) {
-    return cudaLaunchKernelEx(&cfg, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K), stages,
-                              splits, ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo,
-                              pdl_arg);
-  };
-  cudaError_t err = launch(pdl);
-  if (err != cudaSuccess && splits > 1 && pdl > 0) {
-    (void)cudaGetLastError();  // a refused configuration, not a sticky error
-    cluster_pdl_refused[device] = 1;
-    cfg.numAttrs = 1;  // the cluster dimension alone
-    err = launch(0);
-  }
-  return err;
+  return launch_kernel(cfg, splits, 2, pdl, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K),
+                       stages, splits, ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo,
+                       pdl);
 }
 
 template <typename T, int K_BITS>
