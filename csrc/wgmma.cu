@@ -651,9 +651,10 @@ bool wgmma_capable(int device) {
 }
 
 // (TN, WG) of a call. Up to M = 128 the token tile TN covers M (wgmma N: 32..128) with one
-// warpgroup (two once the tiles fill the SMs twice). Above: TN = 256 with 2 warpgroups where
-// that makes 0.3+ tiles per SM, else TN = 128 with 2 warpgroups from 0.44 tiles per SM on, else
-// 1. From H100 sweeps at k = 4 and 5 (NOTES.md v13), e.g. us at M = 256 / 512, k = 4: gateup
+// warpgroup (two once the tiles fill the SMs twice). At M = 193..256: TN = 256 with one
+// warpgroup where its 64-row tiles make 0.45 .. 1 wave (NOTES.md v19). Else TN = 256 with 2
+// warpgroups where that makes 0.3+ tiles per SM, else TN = 128 with 2 warpgroups from 0.44
+// tiles per SM on, else 1. From H100 sweeps at k = 4 and 5 (NOTES.md v13), e.g. us at M = 256 / 512, k = 4: gateup
 // 256.2 20.3 / 27.7 (128.2 19.6 / 42.3); down 128.1 20.7, 128.2 27.4 (256.2 25.0 / 30.0); KV
 // 128.1 9.5 / 10.4 (256.1 11.4 / 12.4). The K split is chosen in launch_cfg, where the
 // kernel's occupancy is known.
@@ -662,6 +663,15 @@ void choose(int64_t M, int64_t N, int& tn, int& wg, int sms) {
   if (M <= 128) {
     tn = M <= 32 ? 32 : M <= 64 ? 64 : 128;
     wg = ceil_div(M, tn) * rows2 >= 2 * sms ? 2 : 1;
+  } else if (M > 192 && M <= 256 && 20 * ceil_div(N, 64) >= 9 * sms && ceil_div(N, 64) <= sms) {
+    // one token tile of 64-row CTAs that make 0.45 .. 1 wave: no K split (or 2 where the
+    // split model takes it) instead of 256.2's 128-row tiles and their split-K reduction over
+    // distributed shared memory (~8700 cycles of ~38000 at gateup 256.2.2, NOTES.md v19). H100
+    // sweep at M = 256, us (k = 4 / 5): gateup 256.1.1 17.0 / 18.8 vs 256.2.2 19.9 / 20.5; Q
+    // 256.1.2 13.8 / 14.9 vs 128.2.2 14.1 / 15.6. Not below M = 193: at M = 160 it measured
+    // slower (gateup k = 4 23.7 vs 18.0 us; not understood).
+    tn = 256;
+    wg = 1;
   } else if (10 * ceil_div(M, 256) * rows2 >= 3 * sms) {
     tn = 256;
     wg = 2;
