@@ -83,11 +83,12 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t bits, int fmt, const uin
 // cleared (not sticky: the next launch must not report it).
 template <typename Kernel>
 inline int clusters_at_once(Kernel kernel, unsigned threads, size_t smem, int size, int axis) {
+  cudaLaunchAttribute attr[1] = {cluster_attribute(size, axis)};
+  const auto& dim = attr[0].val.clusterDim;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(axis == 0 ? unsigned(size) : 1u, axis == 1 ? unsigned(size) : 1u, axis == 2 ? unsigned(size) : 1u);
+  cfg.gridDim = dim3(dim.x, dim.y, dim.z);  // one cluster
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1] = {cluster_attribute(size, axis)};
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int n = 0;

@@ -370,8 +370,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     }
   } else {
     if constexpr (kRegSplit<TN, WG>) setmaxnreg_inc<kConsumerRegs>();
-    // The private codebook table (consumers fill it while the first copies fly). A row of the codebook table holds one entry in every lane's
-    // column (k <= 4: 32 columns of 4 bytes in 256; k = 5: 4 high-bit pairs x 16 columns).
+    // The private codebook table (consumers fill it while the first copies fly). A row of the
+    // codebook table holds one entry in every lane's column (k <= 4: 32 columns of 4 bytes in 256; k = 5: 4 high-bit pairs x 16 columns).
     // A thread computes one entry and stores it into all of the row's columns, 4 at a time,
     // starting at a chunk rotated by the thread index so that a warp's stores spread over
     // every bank. (One thread per 16-byte chunk, computing the entry each time, took 2800 /
@@ -654,9 +654,9 @@ bool wgmma_capable(int device) {
 // warpgroup (two once the tiles fill the SMs twice). At M = 193..256: TN = 256 with one
 // warpgroup where its 64-row tiles make 0.45 .. 1 wave (NOTES.md v19). Else TN = 256 with 2
 // warpgroups where that makes 0.3+ tiles per SM, else TN = 128 with 2 warpgroups from 0.44
-// tiles per SM on, else 1. From H100 sweeps at k = 4 and 5 (NOTES.md v13), e.g. us at M = 256 / 512, k = 4: gateup
-// 256.2 20.3 / 27.7 (128.2 19.6 / 42.3); down 128.1 20.7, 128.2 27.4 (256.2 25.0 / 30.0); KV
-// 128.1 9.5 / 10.4 (256.1 11.4 / 12.4). The K split is chosen in launch_cfg, where the
+// tiles per SM on, else 1. From H100 sweeps at k = 4 and 5 (NOTES.md v13), e.g. us at M = 256 /
+// 512, k = 4: gateup 256.2 20.3 / 27.7 (128.2 19.6 / 42.3); down 128.1 20.7, 128.2 27.4 (256.2
+// 25.0 / 30.0); KV 128.1 9.5 / 10.4 (256.1 11.4 / 12.4). The K split is chosen in launch_cfg, where the
 // kernel's occupancy is known.
 void choose(int64_t M, int64_t N, int& tn, int& wg, int sms) {
   const int64_t rows2 = ceil_div(N, 128);  // row tiles of a 2-warpgroup CTA

@@ -18,7 +18,7 @@
 #include <vector>
 #include <algorithm>
 
-#include "async.cuh"
+#include "tc.cuh"  // cluster_sync, ld_cluster_f32x4, mbarriers (async.cuh)
 #include "cuda_check.h"
 
 using namespace kbit;
@@ -34,19 +34,10 @@ __device__ __forceinline__ uint32_t cluster_size() {
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
   return r;
 }
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
 __device__ __forceinline__ uint32_t map_to(uint32_t addr, uint32_t rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
-}
-__device__ __forceinline__ float4 ld_remote(uint32_t cluster_addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_addr) : "memory");
-  return v;
 }
 __device__ __forceinline__ float4 ld_local(uint32_t addr) {
   float4 v;
@@ -71,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1) exchange(int bytes, long long* cy
     mbar_fence_init();
     if (MODE >= 2) mbar_expect_tx(bar, (cs - 1) * slice);
   }
-  cluster_sync_all();
+  cluster_sync();
   const long long t0 = clock64();
   float acc = 0.f;
   if (MODE <= 1) {
@@ -85,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, 1) exchange(int bytes, long long* cy
 #pragma unroll
         for (uint32_t r = 0; r < 4; r++) {
           const uint32_t a = tile + z * slice + o;
-          if (r < cs) v[b][r] = (MODE == 1 && r == z) ? ld_local(a) : ld_remote(map_to(a, r));
+          if (r < cs) v[b][r] = (MODE == 1 && r == z) ? ld_local(a) : ld_cluster_f32x4(a, r);
         }
       }
 #pragma unroll
@@ -119,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1) exchange(int bytes, long long* cy
   }
   asm volatile("" : "+f"(acc)::"memory");  // the sums (and so the loads) before the clock
   const long long t1 = clock64();
-  cluster_sync_all();  // no CTA leaves while others read its tile
+  cluster_sync();  // no CTA leaves while others read its tile
   if (tid == 0) cycles[blockIdx.x] = t1 - t0;
   if (acc == 12345.678f) sink[0] = acc;
 }
