@@ -80,9 +80,10 @@ KBIT_API int kbit_wgmma(int device, void* stream, const void* x, int dtype, int6
                         const void* bias, void* out, int64_t ldo);
 KBIT_API int kbit_wgmma_available(int device);
 // Forces the configuration of every kbit_wgmma launch: tn tokens per CTA (32, 64, 128, 256),
-// wg warpgroups of 64 weight rows (1, 2), K split over a cluster of `splits` CTAs (1..8);
+// wg warpgroups of 64 weight rows (1, 2), K split over a cluster of `splits` CTAs (1..8),
+// k = 5's codebook table (1: the 64 KB one, 2: the 128 KB conflict-free one, one CTA per SM);
 // 0 = automatic (tests, experiments).
-KBIT_API void kbit_wgmma_force_config(int tn, int wg, int splits);
+KBIT_API void kbit_wgmma_force_config(int tn, int wg, int splits, int table);
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,17 @@ __device__ __forceinline__ uint32_t entry_addr5(uint32_t n, uint32_t hi, uint32_
   return (d & 0xffffu) | lane_base;
 }
 
+// k = 5, wgmma.cu's 128 KB table without bank conflicts: the shared address of the entry for
+// byte I of the low-nibble word n, with the pair's high bits from q (bit 7 of byte I: the
+// first value's, bit 0 of byte I + 1: the second's) -> hi1 << 16 | lo << 8 | hi0 << 7,
+// OR-ed with lane_base (the window's high bytes | lane * 4).
+template <int I>
+__device__ __forceinline__ uint32_t entry_addr5w(uint32_t n, uint32_t q, uint32_t lane_base) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(n), "r"(q), "n"((4 + ((I + 1) & 3)) << 8 | I << 4 | (4 + I)));
+  return (d & 0x1FF80u) | lane_base;
+}
+
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));

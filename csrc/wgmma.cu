@@ -61,8 +61,8 @@ namespace kbit {
 namespace {
 
 // Timing probes for experiments only (wrong results): KBIT_WG_PROBE bit 0 skips the decode,
-// bit 1 the wgmmas, bit 2 the weight copies, bit 3 the x copies (scripts/build_variant.sh
-// -DKBIT_WG_PROBE=...).
+// bit 1 the wgmmas, bit 2 the weight copies, bit 3 the x copies, bit 4 makes k = 5's lookups
+// free of bank conflicts (scripts/build_variant.sh -DKBIT_WG_PROBE=...).
 #ifndef KBIT_WG_PROBE
 #define KBIT_WG_PROBE 0
 #endif
@@ -94,8 +94,20 @@ constexpr int kMinSharedStages = 3;
 
 // Private per-lane codebook table: k = 2..4: 2^(2k) entries (a byte of two interleaved k-bit
 // indices) of 256 bytes (lane L's pair at L * 4; the upper half unused); k = 5: 1024 entries
-// (low byte as for k = 4, 2 high bits) at lo * 256 + hi * 64 + (L % 16) * 4.
-template <int K_BITS> constexpr uint32_t kTableBytes = K_BITS == 5 ? 64 * 1024 : 256u << (2 * K_BITS);
+// (low byte as for k = 4, 2 high bits) at lo * 256 + hi * 64 + (L % 16) * 4: lanes L and L + 16
+// share a column, so a lookup is 2 shared-memory wavefronts whenever their first values' high
+// bits agree. W5 ("wide", k = 5 only): entry (lo, hi0, hi1) of lane L at hi1 << 16 | lo << 8 |
+// hi0 << 7 | L << 2, 128 KB and free of bank conflicts (entry_addr5w), for CTAs that run one
+// per SM anyway (M = 256, random weights: down, O, KV 0.3-0.8 us faster per call; NOTES.md
+// v21).
+template <int K_BITS, bool W5 = false>
+constexpr uint32_t kTableBytes = W5 ? 128 * 1024 : K_BITS == 5 ? 64 * 1024 : 256u << (2 * K_BITS);
+// Solo k = 5 CTAs take the wide table when it leaves them at least this many stages: TN = 128
+// (4-5 stages) yes; TN = 256 has 2, and its steps then took 1.5x as long (gateup M = 256 20.3
+// -> 36.1 us, NOTES.md v21).
+#ifndef KBIT_WG_WIDE5_MIN_STAGES
+#define KBIT_WG_WIDE5_MIN_STAGES 3
+#endif
 
 // Producer threads: one warp, or (kRegSplit) a whole warpgroup that gives its registers to the
 // consumers. At TN = 256 with 2 consumer warpgroups, 9 warps split the register file as 3 per
@@ -255,19 +267,20 @@ __device__ __forceinline__ int value_index(uint32_t e, int h) {
   return v;
 }
 
-template <typename T, int K_BITS, int TN, int WG>
+template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
 __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K, int stages,
     int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
   using S = Shape<K_BITS, TN, WG>;
+  static_assert(!W5 || K_BITS == 5, "the wide table is k = 5's");
   constexpr int kThreads = WG * 128;  // consumers; the producer warp(group) is tid >= kThreads
   constexpr int kAll = kThreads + kProducerThreads<TN, WG>;
   extern __shared__ __align__(1024) char smem_raw[];
   KBIT_WG_PHASE(0);
   const uint32_t base = smem_u32(smem_raw);
   const uint32_t win = base & 0xFFFF0000u;  // the window's start (cluster rank << 24)
-  const RsLayout lay = rs_layout(win, S::stage_bytes, stages, kTableBytes<K_BITS>, S::red_bytes);
+  const RsLayout lay = rs_layout(win, S::stage_bytes, stages, kTableBytes<K_BITS, W5>, S::red_bytes);
   {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -317,6 +330,9 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   }
   fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(gen + lay.scales), tid, kAll);
   if (pdl > 0) pdl_wait();
+  // Lane i's codebook value (i mod 2^k), in flight across the barrier below; the table build
+  // takes the values by shuffles (one load round instead of two per entry: NOTES.md v21).
+  const float cb_lane = __ldg(codebook + (tid & ((1 << K_BITS) - 1)));
   // warp-uniform as far as the compiler can see (a shuffle from lane 0): wgmma in a branch on
   // threadIdx directly is serialized by ptxas ("divergent path", C7518)
   const bool producer = __shfl_sync(0xffffffffu, tid >> 5, 0) >= WG * 4;
@@ -370,37 +386,62 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     }
   } else {
     if constexpr (kRegSplit<TN, WG>) setmaxnreg_inc<kConsumerRegs>();
-    // The private codebook table (consumers fill it while the first copies fly). A row of the
-    // codebook table holds one entry in every lane's column (k <= 4: 32 columns of 4 bytes in 256; k = 5: 4 high-bit pairs x 16 columns).
-    // A thread computes one entry and stores it into all of the row's columns, 4 at a time,
-    // starting at a chunk rotated by the thread index so that a warp's stores spread over
-    // every bank. (One thread per 16-byte chunk, computing the entry each time, took 2800 /
-    // 4000 cycles at k = 4 / 5, longer than the first copies: NOTES.md v13.)
+    // The private codebook table (consumers fill it while the first copies fly). A table row
+    // of 256 bytes holds entries in every lane's column: k <= 4: one entry, 32 columns of 4
+    // bytes, the upper 128 bytes unused; k = 5: the 4 high-bit pairs x 16 columns; W5: hi0 =
+    // 0 and 1 x 32 columns (rows 256 .. 511: hi1 = 1). Thread t fills rows t, t + kThreads,
+    // ...: its entries' codebook values come by shuffle from the lanes that loaded them
+    // (cb_lane), and it stores each entry into all of its columns, 16 bytes at a time, starting
+    // at a chunk rotated by t so that a warp's stores spread over every bank. (Each entry's
+    // values loaded from global memory took ~800 cycles longer at k = 5, NOTES.md v19; one
+    // thread per 16-byte chunk took 2800 / 4000 cycles at k = 4 / 5, NOTES.md v13.)
     {
-      constexpr int kChunksPerEntry = K_BITS == 5 ? 4 : 8;  // 16-byte chunks of an entry
-      constexpr int kEntries = K_BITS == 5 ? 1024 : 1 << (2 * K_BITS);  // k = 5: 256 lo x 4 hi
-      constexpr int kEntryBytes = K_BITS == 5 ? 64 : 256;
-      // k = 5: entries of 64 bytes, 2 per 128-byte bank row: rotate by tid / 2 (tid % 2 picks the half)
-      const int rot = K_BITS == 5 ? tid >> 1 : tid;
-#pragma unroll 4
-      for (int e = tid; e < kEntries; e += kThreads) {
-        const uint32_t key = K_BITS == 5 ? (uint32_t(e) >> 2) | ((uint32_t(e) & 3u) << 8) : uint32_t(e);  // k = 5: e = lo * 4 + hi
-        const uint32_t v = Pair<T>::pack(__ldg(codebook + value_index<K_BITS>(key, 0)),
-                                         __ldg(codebook + value_index<K_BITS>(key, 1)));
-        char* const row = gen + lay.table + e * kEntryBytes;
+      constexpr int kRows = W5 ? 512 : K_BITS == 5 ? 256 : 1 << (2 * K_BITS);
+      constexpr int kPerRow = W5 ? 2 : K_BITS == 5 ? 4 : 1;  // entries per row
+      constexpr int kChunks = 16 / kPerRow;                   // used 16-byte chunks per entry (k <= 4: 8 of 16)
+      static_assert(kRows % 32 == 0 || kRows < 32, "rows per warp");
+      const auto cb = [&](int i) { return __shfl_sync(0xffffffffu, cb_lane, i); };
+      // whole rows per thread at k = 4, 5 (no store guard, so that every shuffle of a thread
+      // can go ahead of its stores: with the guard they ran one round per entry, ~500 cycles)
+      constexpr bool kWhole = kRows % kThreads == 0;
 #pragma unroll
-        for (int c = 0; c < kChunksPerEntry; c++)
-          *reinterpret_cast<uint4*>(row + ((c + rot) % kChunksPerEntry) * 16) = make_uint4(v, v, v, v);
+      for (int r0 = 0; r0 < kRows; r0 += kThreads) {  // warp-uniform trips: every lane shuffles
+        const int r = r0 + tid;
+        const uint32_t row_i = uint32_t(kWhole || r < kRows ? r : 0);
+        uint32_t v[kPerRow];
+#pragma unroll
+        for (int j = 0; j < kPerRow; j++) {
+          // entry index lo | hi << 8 (value_index); k = 5: hi rotated by t; W5: hi0 = j
+          const uint32_t e = W5 ? (row_i & 255u) | (uint32_t(j) | (row_i >> 8) << 1) << 8
+                                : row_i | (K_BITS == 5 ? (uint32_t(j + tid) & 3u) << 8 : 0u);
+          v[j] = Pair<T>::pack(cb(value_index<K_BITS>(e, 0)), cb(value_index<K_BITS>(e, 1)));
+        }
+        if (kWhole || r < kRows) {
+          char* const row = gen + lay.table + r * 256;
+#pragma unroll
+          for (int j = 0; j < kPerRow; j++) {
+#pragma unroll
+            for (int i = 0; i < (kChunks < 8 ? kChunks : 8); i++) {
+              // k = 5: chunk i of entry hi rotated by t / 4; else chunk i rotated by t
+              const int off = K_BITS == 5 && !W5 ? int((uint32_t(j + tid) & 3u) * 64 + ((i + (tid >> 2)) & 3) * 16)
+                                                 : j * 128 + ((i + tid) & 7) * 16;
+              *reinterpret_cast<uint4*>(row + off) = make_uint4(v[j], v[j], v[j], v[j]);
+            }
+          }
+        }
       }
     }
     consumer_sync<kThreads>();
     KBIT_WG_PHASE(1);
 
     const int r0 = wg * kWgRows + warp * 16 + g;  // CTA-local rows r0, r0 + 8 of this lane
-    const uint32_t lane_col = win | uint32_t(K_BITS == 5 ? (lane & 15) * 4 : lane * 4);  // + kTableAt in the LDS
-    uint32_t rot[K_BITS];  // rotate plane b right by 2c - 2b (k = 5, plane 4: 2c - 6)
+    // probe bit 4 (timing only, wrong values): k = 5 lookups without bank conflicts
+    constexpr bool kConflictFree5 = K_BITS == 5 && (KBIT_WG_PROBE & 16);
+    const uint32_t lane_col =
+        win | uint32_t(K_BITS == 5 && !W5 && !kConflictFree5 ? (lane & 15) * 4 : lane * 4);  // + kTableAt in the LDS
+    uint32_t rot[K_BITS];  // rotate plane b right by 2c - 2b (k = 5, plane 4: 2c - 6; W5: 2c - 7)
 #pragma unroll
-    for (int b = 0; b < K_BITS; b++) rot[b] = uint32_t(2 * c - 2 * (b < 4 ? b : 3)) & 31u;
+    for (int b = 0; b < K_BITS; b++) rot[b] = uint32_t(2 * c - 2 * (b < 4 ? b : 3) - (b == 4 && W5)) & 31u;
     int slot = 0;
     uint32_t phase = 0, prev_empty = 0;
     uint32_t a_prev[4][4] = {};  // the A registers of the previous step
@@ -436,16 +477,24 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
 #pragma unroll
           for (int p = 0; p < (K_BITS < 4 ? K_BITS : 4); p++)
             n |= __funnelshift_r(w[p], w[p], rot[p]) & (0x03030303u << (2 * p));
+          // k = 5: the fifth plane's bits of the pair in byte y at bits 6, 7 (W5: at bit 7 of
+          // byte y and bit 0 of byte y + 1)
           uint32_t hi = 0;
-          if constexpr (K_BITS == 5) hi = __funnelshift_r(w[4], w[4], rot[4]) & 0xC0C0C0C0u;
+          if constexpr (K_BITS == 5) hi = __funnelshift_r(w[4], w[4], rot[4]) & (W5 ? 0x81818181u : 0xC0C0C0C0u);
           // byte y: positions 8y + 2c, +1 of the block = slice 2b + y / 2, register rr + 2 (y % 2)
           if (!(KBIT_WG_PROBE & 1)) {
-            if constexpr (K_BITS == 5) {
+            if constexpr (W5) {
+              a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<0>(n, hi, lane_col)), s2);
+              a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<1>(n, hi, lane_col)), s2);
+              a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<2>(n, hi, lane_col)), s2);
+              a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<3>(n, hi, lane_col)), s2);
+            } else if constexpr (K_BITS == 5 && !kConflictFree5) {
               a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<0>(n, hi, lane_col)), s2);
               a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<1>(n, hi, lane_col)), s2);
               a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<2>(n, hi, lane_col)), s2);
               a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<3>(n, hi, lane_col)), s2);
             } else {
+              if constexpr (kConflictFree5) n ^= hi;
               a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<0>(n, lane_col)), s2);
               a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr<1>(n, lane_col)), s2);
               a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<2>(n, lane_col)), s2);
@@ -606,10 +655,11 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
 }
 
 // Configuration forced by kbit_wgmma_force_config (tests, sweeps): TN (32, 64, 128, 256), WG
-// (1, 2), splits (1..8); 0 = automatic.
+// (1, 2), splits (1..8), k = 5's table (1 the 64 KB one, 2 the wide one, solo); 0 = automatic.
 int& forced_tn() { static int v = 0; return v; }
 int& forced_wg() { static int v = 0; return v; }
 int& forced_splits() { static int v = 0; return v; }
+int& forced_table() { static int v = 0; return v; }
 
 // cuTensorMapEncodeTiled from the driver (no link against libcuda), or null.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -688,13 +738,13 @@ void choose(int64_t M, int64_t N, int& tn, int& wg, int sms) {
 // most that fit one CTA. `bytes`: the dynamic shared memory to ask for; solo asks for more than
 // half an SM's, so that no second CTA joins it (a solo layout of ~107 KB let the scheduler
 // pack a cluster's CTAs 2 per SM: KV 4.8 -> 5.3 us at M = 16, NOTES.md v17).
-template <typename T, int K_BITS, int TN, int WG>
+template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
 int stages_for(int device, bool shared, uint32_t& bytes) {
   using S = Shape<K_BITS, TN, WG>;
   const DeviceInfo& d = device_info(device);
   // counted from shared address 0: whether dynamic shared memory starts at 0 or after the
   // reservation (<= kTableAt), it then reaches the layout's end
-  auto bytes_of = [&](int st) { return rs_layout(0, S::stage_bytes, st, kTableBytes<K_BITS>, S::red_bytes).end; };
+  auto bytes_of = [&](int st) { return rs_layout(0, S::stage_bytes, st, kTableBytes<K_BITS, W5>, S::red_bytes).end; };
   for (int st = kMaxStages; st >= (shared ? kMinSharedStages : 2); st--) {
     bytes = bytes_of(st);
     const bool fits = shared ? 2 * (int64_t(bytes) + d.smem_reserved) <= d.smem_per_sm : true;
@@ -706,11 +756,11 @@ int stages_for(int device, bool shared, uint32_t& bytes) {
   return 0;
 }
 
-template <typename T, int K_BITS, int TN, int WG>
+template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
 cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M, int64_t ldx,
                        const int32_t* packed, const void* absmax, int fmt, const float* codebook,
                        int64_t N, int64_t K, int splits, int exponent, const void* bias, void* out, int64_t ldo) {
-  constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG>;
+  constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG, W5>;
   const unsigned threads = WG * 128 + kProducerThreads<TN, WG>;
   const int64_t tiles = ceil_div(N, kWgRows * WG) * ceil_div(M, TN);
   const int sms = device_info(device).sms;
@@ -736,12 +786,12 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   static uint32_t plan_bytes[2][64];
   static bool planned[64] = {};
   if (!planned[device]) {
-    plan_stages[0][device] = stages_for<T, K_BITS, TN, WG>(device, false, plan_bytes[0][device]);
+    plan_stages[0][device] = stages_for<T, K_BITS, TN, WG, W5>(device, false, plan_bytes[0][device]);
     if (plan_stages[0][device] == 0) return cudaErrorInvalidValue;
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan_bytes[0][device]));
     if (e != cudaSuccess) return e;
-    plan_stages[1][device] = stages_for<T, K_BITS, TN, WG>(device, true, plan_bytes[1][device]);
+    plan_stages[1][device] = stages_for<T, K_BITS, TN, WG, W5>(device, true, plan_bytes[1][device]);
     int per_sm = 0;
     if (plan_stages[1][device] > 0 &&
         (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), plan_bytes[1][device]) !=
@@ -782,7 +832,17 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   };
   uint32_t smem = 0;
   int stages = plan(true, smem, splits);
-  if (stages == 0 || tiles * splits <= sms) stages = plan(false, smem, splits);
+  const bool solo = stages == 0 || tiles * splits <= sms;
+  if constexpr (K_BITS == 5 && !W5) {
+    // solo at k = 5: the wide table (no bank conflicts) where it leaves enough stages
+    uint32_t wide_bytes = 0;
+    const int ft = forced_table();
+    if (ft != 1 && (solo || ft == 2) &&
+        stages_for<T, K_BITS, TN, WG, true>(device, false, wide_bytes) >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
+      return launch_cfg<T, K_BITS, TN, WG, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
+                                                 forced_splits, exponent, bias, out, ldo);
+  }
+  if (solo) stages = plan(false, smem, splits);
   if (stages == 0) return cudaErrorInvalidValue;
   if (splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
   cudaLaunchConfig_t cfg = {};
@@ -828,10 +888,11 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
 
 extern "C" int kbit_wgmma_available(int device) { return kbit::wgmma_capable(device) ? 1 : 0; }
 
-extern "C" void kbit_wgmma_force_config(int tn, int wg, int splits) {
+extern "C" void kbit_wgmma_force_config(int tn, int wg, int splits, int table) {
   kbit::forced_tn() = tn;
   kbit::forced_wg() = wg;
   kbit::forced_splits() = splits;
+  kbit::forced_table() = table;
 }
 
 extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,

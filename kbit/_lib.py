@@ -56,7 +56,7 @@ _SIGNATURES = {
         _c_int,
     ),
     "kbit_wgmma_available": ([_c_int], _c_int),
-    "kbit_wgmma_force_config": ([_c_int, _c_int, _c_int], None),
+    "kbit_wgmma_force_config": ([_c_int, _c_int, _c_int, _c_int], None),
     "kbit_mma_max_x_bytes": ([], _c_int),
     "kbit_mma_smem_bytes": ([_c_int, _c_int, _c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], ctypes.c_int64),
     "kbit_device_smem_optin": ([_c_int], _c_int),

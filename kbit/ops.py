@@ -425,12 +425,19 @@ def _wgmma_available(index: int) -> bool:
     return _wgmma_ok[index]
 
 
-def force_wgmma_config(tn: int = 0, wg: int = 0, splits: int = 0) -> None:
+_K5_TABLES = {"auto": 0, "narrow": 1, "wide": 2}
+
+
+def force_wgmma_config(tn: int = 0, wg: int = 0, splits: int = 0, k5_table: str = "auto") -> None:
     """Tests and experiments: make every wgmma launch use TN tokens (32, 64, 128, 256) and WG
     warpgroups of 64 weight rows (1, 2) per CTA, and split K over a
-    cluster of `splits` CTAs (1..8); 0 = automatic."""
+    cluster of `splits` CTAs (1..8); 0 = automatic. k5_table: k = 5's codebook table, "narrow"
+    (64 KB, lanes share columns: 2 CTAs may share an SM), "wide" (128 KB, no bank conflicts,
+    one CTA per SM) or "auto" (wide where a CTA runs alone on its SM)."""
+    if k5_table not in _K5_TABLES:
+        raise ValueError(f"k5_table must be one of {sorted(_K5_TABLES)}, got {k5_table!r}")
     if _lib.available():
-        _lib._lib.kbit_wgmma_force_config(int(tn), int(wg), int(splits))
+        _lib._lib.kbit_wgmma_force_config(int(tn), int(wg), int(splits), _K5_TABLES[k5_table])
 
 
 def _device_index(device) -> int:

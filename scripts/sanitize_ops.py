@@ -52,16 +52,18 @@ if torch.cuda.get_device_capability()[0] >= 9:
             ops.force_mma_ksplit(0)
 # wgmma (compute capability 9.0): every tile width and warpgroup count, split-K clusters (3: a
 # split with fewer steps), rows past N (200), a half last k-tile (K = 4128), tokens past the
-# CTA's tile, every k and absmax format
+# CTA's tile, every k and absmax format, k = 5's two codebook tables
 if ops.wgmma_supports(1, 64, 64, 4, "cuda"):
     for k in (2, 3, 4, 5):
         fmt = ("e4m4", "fp16", "fp32")[k % 3]
         t = kbit.repack(kbit.quantize(torch.randn(200, 4128, device="cuda") * 0.1, k=k, absmax_format=fmt))
-        for cfg in ((32, 1, 1), (64, 1, 3), (128, 1, 1), (256, 1, 2), (32, 2, 4), (128, 2, 1), (256, 2, 1), (256, 2, 3)):
-            ops.force_wgmma_config(*cfg)
-            for m in (5, 70):
-                ops.wgmma(torch.randn(m, 4128, device="cuda").to((torch.float16, torch.bfloat16)[m % 2]),
-                          t.packed, t.absmax, t.codebook, 200, 4128, t.absmax_exponent)
+        for table in ("narrow", "wide") if k == 5 else ("auto",):  # k = 5: both codebook tables
+            for cfg in ((32, 1, 1), (64, 1, 3), (128, 1, 1), (256, 1, 2), (32, 2, 4), (128, 2, 1), (256, 2, 1),
+                        (256, 2, 3)):
+                ops.force_wgmma_config(*cfg, k5_table=table)
+                for m in (5, 70):
+                    ops.wgmma(torch.randn(m, 4128, device="cuda").to((torch.float16, torch.bfloat16)[m % 2]),
+                              t.packed, t.absmax, t.codebook, 200, 4128, t.absmax_exponent)
         ops.force_wgmma_config()
 torch.cuda.synchronize()
 print("sanitize_ops: done")

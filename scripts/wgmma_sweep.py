@@ -1,6 +1,6 @@
 """kbit::wgmma per forced configuration (tokens TN, warpgroups WG, K splits) against dequantize +
 cuBLAS and fp16 cuBLAS, cold, CUDA-graph timed (device machine).
-Usage: python scripts/wgmma_sweep.py [k] [M,M,...] [TN.WG.S,TN.WG.S,...]"""
+Usage: python scripts/wgmma_sweep.py [k] [M,M,...] [TN.WG.S[.T],... | auto]  (T: k = 5 table, 1 narrow, 2 wide)"""
 import sys
 
 import torch
@@ -12,8 +12,8 @@ from kbit.bench.timing import copies_for_cold, graph_time_us
 
 k = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 ms = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "16,64,256").split(",")]
-configs = [(0, 0, 0)] + [tuple(int(v) for v in c.split(".")) for c in
-                         (sys.argv[3] if len(sys.argv) > 3 else "64.1.1,64.1.4,128.1.1,256.1.1,128.2.1").split(",")]
+forced = sys.argv[3] if len(sys.argv) > 3 else "64.1.1,64.1.4,128.1.1,256.1.1,128.2.1"
+configs = [(0, 0, 0)] + ([] if forced == "auto" else [tuple(int(v) for v in c.split(".")) for c in forced.split(",")])
 print("us per call (cold, graph); config = TN.WG.S, 0.0.0 = automatic")
 print(f"{'shape':7} {'M':>5} {'fp16':>7} {'dq+cuB':>7} " + " ".join(f"{'.'.join(map(str, c)):>9}" for c in configs))
 for name in ("gateup", "down", "Q", "O", "KV"):
@@ -35,7 +35,7 @@ for name in ("gateup", "down", "Q", "O", "KV"):
         t_dq = graph_time_us(dq, len(packs))
         cells = []
         for cfg in configs:
-            ops.force_wgmma_config(*cfg)
+            ops.force_wgmma_config(*cfg[:3], *[("auto", "narrow", "wide")[t] for t in cfg[3:]])
             try:
                 cells.append(graph_time_us(
                     lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y), len(packs)))

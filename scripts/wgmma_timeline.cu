@@ -1,12 +1,12 @@
 // Per-step timeline of one CTA of csrc/wgmma.cu (no Python): where does a 64-k step go?
 // Build: nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -DKBIT_HAS_SM90A scripts/wgmma_timeline.cu -o wtl
-// Run on the GPU: ./wtl k M N K [TN WG splits]   (thread 0 of CTA (0, 0, 0), a consumer; clock64
+// Run on the GPU: ./wtl k M N K [TN WG splits [k5 table: 1 narrow, 2 wide]]   (thread 0 of CTA (0, 0, 0), a consumer; clock64
 // cycles, mean over steps 2 .. KT - 3 of the time from the step's start (its copies landed) to
 // each point: 1 = A fragments decoded, 2 = the previous step's MMAs done; then the mean step
 // length; points never marked are left out; then the phases of the call from kernel entry:
 // tables built, first step's copies landed, main loop done, split-K partials written, end;
 // and the call's time from events). TN WG splits force the configuration (0 = automatic).
-// Constant weights: timing only.
+// Hashed weights, zero codebook and x: timing only.
 #include <cstdio>
 #include <cstdlib>
 
@@ -28,18 +28,29 @@ __device__ long long kbit_phase[8];
 
 #include "cuda_check.h"
 
+__global__ void fill_hash(int32_t* p, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B9u;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    p[i] = int32_t(h);
+  }
+}
+
 int main(int argc, char** argv) {
   const int k = argc > 1 ? atoi(argv[1]) : 4, M = argc > 2 ? atoi(argv[2]) : 16;
   const int64_t N = argc > 3 ? atoll(argv[3]) : 512, K = argc > 4 ? atoll(argv[4]) : 2048;
   const int64_t KT = (K + 63) / 64;
-  if (argc > 7) kbit_wgmma_force_config(atoi(argv[5]), atoi(argv[6]), atoi(argv[7]));
+  if (argc > 7) kbit_wgmma_force_config(atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), argc > 8 ? atoi(argv[8]) : 0);
   int32_t* packed; uint8_t* absmax; float* cb; __half *x, *y;
   CK(cudaMalloc(&packed, KT * N * 2 * k * 4));
   CK(cudaMalloc(&absmax, KT * N * 2));
   CK(cudaMalloc(&cb, 32 * 4));
   CK(cudaMalloc(&x, size_t(M) * K * 2));
   CK(cudaMalloc(&y, size_t(M) * N * 2));
-  CK(cudaMemset(packed, 0x5a, KT * N * 2 * k * 4));
+  fill_hash<<<256, 256>>>(packed, KT * N * 2 * k);  // random words: the table lookups' bank conflicts as in use
+  CK(cudaGetLastError());
   CK(cudaMemset(absmax, 0x70, KT * N * 2));  // E4M4 code 0x70: 1.0
   CK(cudaMemset(cb, 0, 32 * 4));
   CK(cudaMemset(x, 0, size_t(M) * K * 2));

@@ -57,15 +57,16 @@ def test_wgmma_shapes_and_m(k, dtype, rng):
 
 
 @needs_wgmma
-@pytest.mark.parametrize("k", [2, 3, 4, 5])
-def test_wgmma_every_cta_shape(k, rng):
-    """Every (tokens, warpgroups, K splits) per CTA the launcher can pick, forced, with a bias."""
+@pytest.mark.parametrize("k,k5_table", [(2, "auto"), (3, "auto"), (4, "auto"), (5, "narrow"), (5, "wide")])
+def test_wgmma_every_cta_shape(k, k5_table, rng):
+    """Every (tokens, warpgroups, K splits) per CTA the launcher can pick, forced, with a bias;
+    k = 5 with each of its two codebook tables."""
     n, kdim = 200, 4128
     q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
     w = _weight(q)
     try:
         for i, (tn, wg, splits) in enumerate(CONFIGS):
-            ops.force_wgmma_config(tn, wg, splits)
+            ops.force_wgmma_config(tn, wg, splits, k5_table)
             dtype = (torch.float16, torch.bfloat16)[i % 2]
             bias = torch.randn(n, generator=rng).to(dtype).cuda()
             for m in (1, 70, 257):
