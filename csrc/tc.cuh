@@ -111,10 +111,16 @@ inline int clusters_at_once(Kernel kernel, unsigned threads, size_t smem, int si
 }
 
 // Thread-block clusters (sm_90+; the split-K variant): a barrier over the cluster's CTAs whose
-// shared-memory writes before it are visible to all of them after it, and a load from the
-// shared memory of CTA `rank` at the address `addr` has in this CTA (16 bytes).
+// shared-memory writes before it are visible to all of them after it, and loads from the
+// shared memory of CTA `rank` at the address `addr` has in this CTA (4 or 16 bytes).
 __device__ __forceinline__ void cluster_sync() {
   KBIT_BULK_ASM("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t ld_cluster_u32(uint32_t addr, uint32_t rank) {
+  uint32_t v = 0;
+  KBIT_BULK_ASM("{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %1, %2;\n ld.shared::cluster.u32 %0, [r];\n}"
+                : "=r"(v) : "r"(addr), "r"(rank) : "memory");
+  return v;
 }
 __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr, uint32_t rank) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -590,23 +590,51 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     KBIT_WG_PHASE(5);
     return;
   }
-  // Split K: this CTA's fp32 tile [TN tokens][rows] into shared memory, then CTA z of the
-  // cluster adds tokens t with t % splits == z over the cluster's CTAs and writes them.
-  float* red = reinterpret_cast<float*>(gen + lay.red);
+  // Split K: this CTA's tile [TN tokens][rows] into shared memory, then CTA z of the cluster
+  // adds tokens t with t % splits == z over the cluster's CTAs and writes them. The tile goes
+  // as fp16 scaled by 2^-e, e per CTA from its largest |partial| (which becomes 2^14..2^15;
+  // e = 0 when that is not finite): half the distributed-shared-memory bytes of fp32, which
+  // bound this reduction (11-17 B/cycle/SM, NOTES.md v19; k = 5 M = 64 57.2 -> ~50 us with half
+  // the bytes, v21), for a rounding of 2^-11 relative per partial (bf16 partials, 2^-8, broke
+  // the fp16 tolerance at 8 splits). Token rows of rows + 8 halves: 16-byte aligned items.
+  constexpr int kRedStrideH = S::rows + 8;
+  const uint32_t red_exp = lay.red + uint32_t(TN * kRedStrideH * 2);  // this CTA's e (int), then per-warp maxima
+  static_assert(TN * kRedStrideH * 2 + 16 + 4 * 8 <= S::red_bytes, "the reduction space holds the half tile");
   if (!producer) {
     consumer_sync<kThreads>();  // the tile overlays stages and the table other warps may still read
+    float mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < TN / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float* const warp_max = reinterpret_cast<float*>(gen + red_exp + 16);
+    if (lane == 0) warp_max[tid >> 5] = mx;
+    consumer_sync<kThreads>();
+#pragma unroll
+    for (int w = 0; w < WG * 4; w++) mx = fmaxf(mx, warp_max[w]);
+    // the largest |partial| maps to [2^14, 2^15): no overflow, and small tiles keep fp16's
+    // precision (not its subnormals)
+    const int ex = (mx <= 3.0e38f) ? min(100, max(-100, int((__float_as_uint(mx) >> 23) & 0xffu) - 127 - 14)) : 0;
+    const float down = __uint_as_float(uint32_t(127 - ex) << 23);
+    if (tid == 0) *reinterpret_cast<int*>(gen + red_exp) = ex;
+    __half* const red = reinterpret_cast<__half*>(gen + lay.red);
 #pragma unroll
     for (int i = 0; i < TN / 8; i++)
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) red[(8 * i + 2 * c + e) * S::red_stride + r0 + 8 * h] = acc[4 * i + 2 * h + e];
+        for (int e = 0; e < 2; e++)
+          red[(8 * i + 2 * c + e) * kRedStrideH + r0 + 8 * h] = __float2half_rn(acc[4 * i + 2 * h + e] * down);
   }
   cluster_sync();
   KBIT_WG_PHASE(3);
   const int z = int(blockIdx.z);
   const int my_tokens = (TN - z + splits - 1) / splits;
   constexpr int kReducers = kRegSplit<TN, WG> ? kThreads : kAll;  // the producer warpgroup has left
+  float up[kMaxSplits];  // 2^e of every CTA of the cluster
+#pragma unroll
+  for (int r = 0; r < kMaxSplits; r++)
+    if (r < splits) up[r] = __uint_as_float(uint32_t(127 + int(ld_cluster_u32(red_exp, uint32_t(r)))) << 23);
   for (int u = tid; u < my_tokens * (S::rows / 8); u += kReducers) {
     const int t = z + (u / (S::rows / 8)) * splits, q = u % (S::rows / 8);
     const int tok = m0 + t, n = n0 + 8 * q;
@@ -619,20 +647,23 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
 #pragma unroll
       for (int j = 0; j < 8; j++) bv[j] = to_float(bias[n + j]);
     }
-    const uint32_t off = lay.red + uint32_t(t * S::red_stride + 8 * q) * 4;
-    float4 part[kMaxSplits][2];
+    const uint32_t off = lay.red + uint32_t(t * kRedStrideH + 8 * q) * 2;
+    float4 part[kMaxSplits];  // 8 halves
 #pragma unroll
     for (int r = 0; r < kMaxSplits; r++)
-      if (r < splits) {
-        part[r][0] = ld_cluster_f32x4(off, uint32_t(r));
-        part[r][1] = ld_cluster_f32x4(off + 16, uint32_t(r));
-      }
+      if (r < splits) part[r] = ld_cluster_f32x4(off, uint32_t(r));
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int r = 0; r < kMaxSplits; r++)
       if (r < splits) {
-        v[0] += part[r][0].x; v[1] += part[r][0].y; v[2] += part[r][0].z; v[3] += part[r][0].w;
-        v[4] += part[r][1].x; v[5] += part[r][1].y; v[6] += part[r][1].z; v[7] += part[r][1].w;
+        const uint32_t w[4] = {__float_as_uint(part[r].x), __float_as_uint(part[r].y), __float_as_uint(part[r].z),
+                               __float_as_uint(part[r].w)};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+          v[2 * j] = fmaf(f.x, up[r], v[2 * j]);
+          v[2 * j + 1] = fmaf(f.y, up[r], v[2 * j + 1]);
+        }
       }
     uint32_t o[4];
 #pragma unroll

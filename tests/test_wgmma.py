@@ -78,6 +78,27 @@ def test_wgmma_every_cta_shape(k, k5_table, rng):
 
 
 @needs_wgmma
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e5])
+def test_wgmma_split_partials_any_magnitude(scale, rng):
+    """The K split hands its partial tiles over as fp16 scaled per CTA: outputs around 1e-6
+    (fp16 subnormals unscaled) and 1e5 (past fp16's range unscaled) stay within bf16's bound;
+    fp16 outputs at an ordinary magnitude within fp16's."""
+    n, kdim = 256, 4096
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=4))
+    w = _weight(q)
+    dtypes = (torch.bfloat16, torch.float16) if scale == 1.0 else (torch.bfloat16,)
+    try:
+        for splits in (2, 8):
+            ops.force_wgmma_config(64, 1, splits)
+            for dtype in dtypes:
+                x = (torch.randn(40, kdim, generator=rng) * scale).to(dtype).cuda()
+                err = _rel_err(_run(q, x).cpu(), ref.linear(x.cpu(), w, None))
+                assert err <= TOL[dtype], (splits, dtype, scale, err)
+    finally:
+        ops.force_wgmma_config()
+
+
+@needs_wgmma
 def test_wgmma_unaligned_and_strided(rng):
     """x with a row stride > K or starting 2 bytes past an allocation, out starting 2 bytes past
     one: the op copies where the kernel's alignment rules need it."""
