@@ -594,8 +594,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   // adds tokens t with t % splits == z over the cluster's CTAs and writes them. The tile goes
   // as fp16 scaled by 2^-e, e per CTA from its largest |partial| (which becomes 2^14..2^15;
   // e = 0 when that is not finite): half the distributed-shared-memory bytes of fp32, which
-  // bound this reduction (11-17 B/cycle/SM, NOTES.md v19; k = 5 M = 64 57.2 -> ~50 us with half
-  // the bytes, v21), for a rounding of 2^-11 relative per partial (bf16 partials, 2^-8, broke
+  // bound this reduction (11-17 B/cycle/SM, NOTES.md v19; M = 64 dense TOTAL 0.88-0.99x ->
+  // 0.96-1.19x, v22), for a rounding of 2^-11 relative per partial (bf16 partials, 2^-8, broke
   // the fp16 tolerance at 8 splits). Token rows of rows + 8 halves: 16-byte aligned items.
   constexpr int kRedStrideH = S::rows + 8;
   const uint32_t red_exp = lay.red + uint32_t(TN * kRedStrideH * 2);  // this CTA's e (int), then per-warp maxima
@@ -614,7 +614,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     for (int w = 0; w < WG * 4; w++) mx = fmaxf(mx, warp_max[w]);
     // the largest |partial| maps to [2^14, 2^15): no overflow, and small tiles keep fp16's
     // precision (not its subnormals)
-    const int ex = (mx <= 3.0e38f) ? min(100, max(-100, int((__float_as_uint(mx) >> 23) & 0xffu) - 127 - 14)) : 0;
+    const int ex = isfinite(mx) ? min(113, max(-100, int((__float_as_uint(mx) >> 23) & 0xffu) - 127 - 14)) : 0;
     const float down = __uint_as_float(uint32_t(127 - ex) << 23);
     if (tid == 0) *reinterpret_cast<int*>(gen + red_exp) = ex;
     __half* const red = reinterpret_cast<__half*>(gen + lay.red);

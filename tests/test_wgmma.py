@@ -78,11 +78,11 @@ def test_wgmma_every_cta_shape(k, k5_table, rng):
 
 
 @needs_wgmma
-@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e5])
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e5, 1e34])
 def test_wgmma_split_partials_any_magnitude(scale, rng):
     """The K split hands its partial tiles over as fp16 scaled per CTA: outputs around 1e-6
-    (fp16 subnormals unscaled) and 1e5 (past fp16's range unscaled) stay within bf16's bound;
-    fp16 outputs at an ordinary magnitude within fp16's."""
+    (fp16 subnormals unscaled), 1e5 (past fp16's range unscaled) and 1e35 (near fp32's top)
+    stay within bf16's bound; fp16 outputs at an ordinary magnitude within fp16's."""
     n, kdim = 256, 4096
     q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=4))
     w = _weight(q)
