@@ -22,7 +22,8 @@
 //   2b + 1: second's). One shared load of a private per-lane table (mma.cu's addressing: the
 //   byte of indices is byte 1 of the address, PRMT) returns the two codebook values packed,
 //   one packed multiply applies the block scale. k = 5: the fifth plane's two bits go to
-//   bits 6-7 of byte 0 (mma.cu's entry_addr5 table, 16 columns shared by 2 lanes);
+//   bits 6-7 of byte 0 (mma.cu's entry_addr5 table, 16 columns shared by 2 lanes); a CTA
+//   alone on its SM (TN = 128) uses a 128 KB table with a column per lane (entry_addr5w);
 // - 4 wgmma.m64nTNk16 (A from registers, B = x: K-major, 128-byte swizzle) per warpgroup;
 //   the decode of step s + 1 runs while those of step s are in flight (wait_group 1).
 // x is read in its natural k order (no staging through registers), decoded weights never go
@@ -30,8 +31,9 @@
 // Epilogue: splits == 1: each warp puts its accumulators (with the per-tensor power of two and
 // the bias, rounded to T) into shared memory transposed by stmatrix, and writes 8 rows of one
 // token per 16-byte store. splits > 1: every CTA puts its
-// fp32 tile into shared memory, the cluster synchronizes, and CTA z adds tokens t with
-// t % splits == z over the cluster (distributed shared memory) and writes them.
+// tile into shared memory (fp16 with a power-of-two scale per CTA: half the bytes of fp32),
+// the cluster synchronizes, and CTA z adds tokens t with t % splits == z over the cluster
+// (distributed shared memory) in fp32 and writes them.
 //
 // The per-tensor power of two multiplies the fp32 accumulator at the end (the 16-bit weights
 // cannot overflow: |codebook| <= 1 times a block scale that the format bounds; see
