@@ -63,8 +63,8 @@ namespace kbit {
 namespace {
 
 // Timing probes for experiments only (wrong results): KBIT_WG_PROBE bit 0 skips the decode,
-// bit 1 the wgmmas, bit 2 the weight copies, bit 3 the x copies, bit 4 makes k = 5's lookups
-// free of bank conflicts (scripts/build_variant.sh -DKBIT_WG_PROBE=...).
+// bit 1 the wgmmas, bit 2 the weight copies, bit 3 the x copies (scripts/build_variant.sh
+// -DKBIT_WG_PROBE=...).
 #ifndef KBIT_WG_PROBE
 #define KBIT_WG_PROBE 0
 #endif
@@ -400,7 +400,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     {
       constexpr int kRows = W5 ? 512 : K_BITS == 5 ? 256 : 1 << (2 * K_BITS);
       constexpr int kPerRow = W5 ? 2 : K_BITS == 5 ? 4 : 1;  // entries per row
-      constexpr int kChunks = 16 / kPerRow;                   // used 16-byte chunks per entry (k <= 4: 8 of 16)
+      constexpr int kChunks = K_BITS == 5 && !W5 ? 4 : 8;    // 16-byte chunks per entry
       static_assert(kRows % 32 == 0 || kRows < 32, "rows per warp");
       const auto cb = [&](int i) { return __shfl_sync(0xffffffffu, cb_lane, i); };
       // whole rows per thread at k = 4, 5 (no store guard, so that every shuffle of a thread
@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
 #pragma unroll
           for (int j = 0; j < kPerRow; j++) {
 #pragma unroll
-            for (int i = 0; i < (kChunks < 8 ? kChunks : 8); i++) {
+            for (int i = 0; i < kChunks; i++) {
               // k = 5: chunk i of entry hi rotated by t / 4; else chunk i rotated by t
               const int off = K_BITS == 5 && !W5 ? int((uint32_t(j + tid) & 3u) * 64 + ((i + (tid >> 2)) & 3) * 16)
                                                  : j * 128 + ((i + tid) & 7) * 16;
@@ -437,10 +437,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     KBIT_WG_PHASE(1);
 
     const int r0 = wg * kWgRows + warp * 16 + g;  // CTA-local rows r0, r0 + 8 of this lane
-    // probe bit 4 (timing only, wrong values): k = 5 lookups without bank conflicts
-    constexpr bool kConflictFree5 = K_BITS == 5 && (KBIT_WG_PROBE & 16);
-    const uint32_t lane_col =
-        win | uint32_t(K_BITS == 5 && !W5 && !kConflictFree5 ? (lane & 15) * 4 : lane * 4);  // + kTableAt in the LDS
+    const uint32_t lane_col = win | uint32_t(K_BITS == 5 && !W5 ? (lane & 15) * 4 : lane * 4);  // + kTableAt in the LDS
     uint32_t rot[K_BITS];  // rotate plane b right by 2c - 2b (k = 5, plane 4: 2c - 6; W5: 2c - 7)
 #pragma unroll
     for (int b = 0; b < K_BITS; b++) rot[b] = uint32_t(2 * c - 2 * (b < 4 ? b : 3) - (b == 4 && W5)) & 31u;
@@ -490,13 +487,12 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
               a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<1>(n, hi, lane_col)), s2);
               a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<2>(n, hi, lane_col)), s2);
               a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<3>(n, hi, lane_col)), s2);
-            } else if constexpr (K_BITS == 5 && !kConflictFree5) {
+            } else if constexpr (K_BITS == 5) {
               a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<0>(n, hi, lane_col)), s2);
               a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<1>(n, hi, lane_col)), s2);
               a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<2>(n, hi, lane_col)), s2);
               a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<3>(n, hi, lane_col)), s2);
             } else {
-              if constexpr (kConflictFree5) n ^= hi;
               a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<0>(n, lane_col)), s2);
               a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr<1>(n, lane_col)), s2);
               a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<2>(n, lane_col)), s2);
@@ -868,10 +864,14 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   const bool solo = stages == 0 || tiles * splits <= sms;
   if constexpr (K_BITS == 5 && !W5) {
     // solo at k = 5: the wide table (no bank conflicts) where it leaves enough stages
-    uint32_t wide_bytes = 0;
+    static int wide_stages[64] = {};  // its solo layout's stages, once per device (-1: none fit)
+    if (wide_stages[device] == 0) {
+      uint32_t wide_bytes = 0;
+      const int st = stages_for<T, K_BITS, TN, WG, true>(device, false, wide_bytes);
+      wide_stages[device] = st > 0 ? st : -1;
+    }
     const int ft = forced_table();
-    if (ft != 1 && (solo || ft == 2) &&
-        stages_for<T, K_BITS, TN, WG, true>(device, false, wide_bytes) >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
+    if (ft != 1 && (solo || ft == 2) && wide_stages[device] >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
       return launch_cfg<T, K_BITS, TN, WG, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
                                                  forced_splits, exponent, bias, out, ldo);
   }

@@ -35,7 +35,7 @@ for name in ("gateup", "down", "Q", "O", "KV"):
         t_dq = graph_time_us(dq, len(packs))
         cells = []
         for cfg in configs:
-            ops.force_wgmma_config(*cfg[:3], *[("auto", "narrow", "wide")[t] for t in cfg[3:]])
+            ops.force_wgmma_config(*cfg[:3], *[list(ops._K5_TABLES)[t] for t in cfg[3:]])
             try:
                 cells.append(graph_time_us(
                     lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y), len(packs)))
