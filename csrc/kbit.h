@@ -74,10 +74,21 @@ KBIT_API int kbit_device_smem_optin(int device);
 // Same contract as kbit_gemv for any M >= 1 on Hopper's warpgroup MMA (csrc/wgmma.cu): needs a
 // compute capability 9.0 device and sm_90a code (kbit_wgmma_available), N % 8 == 0, K % 8 == 0,
 // x, packed and absmax 16-byte aligned, ldx % 8 == 0 (otherwise cudaErrorNotSupported / cudaErrorInvalidValue without launching).
+// workspace (may be null): at least kbit_wgmma_workspace_bytes(...) bytes for this call,
+// zeroed once before its first use and then used by one stream (or one CUDA graph) at a time:
+// every call leaves it as it found it. With it the kernel may split K stream-K style (partial
+// tiles through global memory); without it, it does not.
 KBIT_API int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
                         const int32_t* packed, const void* absmax, int absmax_format,
                         const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
-                        const void* bias, void* out, int64_t ldo);
+                        const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes);
+// The workspace bytes kbit_wgmma would use for this call (0: none; it would not run stream-K).
+KBIT_API int64_t kbit_wgmma_workspace_bytes(int device, int dtype, int64_t M, int64_t K, int64_t N, int k,
+                                            int absmax_format);
+// The id of the CUDA-graph capture under way on `stream` (0: none).
+KBIT_API unsigned long long kbit_stream_capture_id(void* stream);
+// 1 when the last kbit_wgmma launch of the process ran stream-K (tests).
+KBIT_API int kbit_wgmma_last_streamk(void);
 KBIT_API int kbit_wgmma_available(int device);
 // Forces the configuration of every kbit_wgmma launch: tn tokens per CTA (32, 64, 128, 256),
 // wg warpgroups of 64 weight rows (1, 2), K split over a cluster of `splits` CTAs (1..8),

@@ -77,6 +77,11 @@ namespace {
 #ifndef KBIT_WG_PHASE
 #define KBIT_WG_PHASE(p)
 #endif
+// Timeline hook: consumer thread 0 of every CTA at its entry (0) and when it has written its
+// share of C or published its partial (1): empty in the library.
+#ifndef KBIT_WG_CTA
+#define KBIT_WG_CTA(p)
+#endif
 
 constexpr int kStepK = 64;      // k values per step: one tiled64 k-tile
 constexpr int kWgRows = 64;     // weight rows per warpgroup (the wgmma M)
@@ -151,7 +156,7 @@ __host__ __device__ inline RsLayout rs_layout(uint32_t win, uint32_t stage_bytes
   const uint32_t e = max(l.stages0 + uint32_t(stages) * stage_bytes, l.red + red_bytes);
   l.scales = e;
   l.bars = e + kScalePairBytes;
-  l.end = l.bars + 16 * stages;
+  l.end = l.bars + 16 * stages + 8;  // + stream-K's "partial stored" mbarrier
   return l;
 }
 
@@ -273,13 +278,15 @@ template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
 __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K, int stages,
-    int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
+    int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl,
+    char* __restrict__ sk_ws, unsigned* __restrict__ sk_flags) {
   using S = Shape<K_BITS, TN, WG>;
   static_assert(!W5 || K_BITS == 5, "the wide table is k = 5's");
   constexpr int kThreads = WG * 128;  // consumers; the producer warp(group) is tid >= kThreads
   constexpr int kAll = kThreads + kProducerThreads<TN, WG>;
   extern __shared__ __align__(1024) char smem_raw[];
   KBIT_WG_PHASE(0);
+  if (threadIdx.x == 0) KBIT_WG_CTA(0);
   const uint32_t base = smem_u32(smem_raw);
   const uint32_t win = base & 0xFFFF0000u;  // the window's start (cluster rank << 24)
   const RsLayout lay = rs_layout(win, S::stage_bytes, stages, kTableBytes<K_BITS, W5>, S::red_bytes);
@@ -296,20 +303,66 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   // what the previous kernel writes): only shared-memory setup, the tensor map's prefetch
   // (a kernel parameter) and, pdl >= 2, L2 prefetches of the first stages' weights.
   if (pdl > 0) pdl_trigger();
-  const int n0 = blockIdx.x * S::rows, m0 = blockIdx.y * TN;
+  // This CTA's work: segments (a tile, tile = token tile * row tiles + row tile, and a range
+  // of its k-steps). K split over a cluster: the one tile (blockIdx.x, blockIdx.y), steps of
+  // split z. Stream-K (sk_flags != null, launch_cfg's conditions: N a multiple of the CTA's
+  // rows, fewer tiles than CTAs): CTA b of G takes units [b U / G, (b + 1) U / G) of the U =
+  // tiles x KT (tile, k-step) units: fewer than KT, so at most the tail of a tile t and the
+  // head of tile t + 1. The CTA holding a tile's last k-step owns the tile: it adds the other
+  // holders' partial tiles and writes C. The others contribute: they hand their partial tile
+  // to the owner through the workspace. A CTA thus waits only for CTAs of lower index (which
+  // the hardware starts no later than itself: no deadlock even when the grid does not fit the
+  // GPU at once), and it runs its contributing segment (a head) first and its owned one (a
+  // tail) last, so that its contributors published long before it needs their partials.
   const int KT = (K + kStepK - 1) / kStepK;
-  const int per = (KT + splits - 1) / splits;
-  const int kt0 = int(blockIdx.z) * per;
-  const int steps = max(0, min(per, KT - kt0));
+  const int rtiles = (N + S::rows - 1) / S::rows;
+  const bool sk = sk_flags != nullptr;
+  const int64_t sk_units = int64_t(rtiles) * ((M + TN - 1) / TN) * KT;
+  int seg_tile[2], seg_k0[2], seg_steps[2] = {0, 0}, nseg = 1;
+  if (sk) {
+    const int64_t u0 = sk_units * blockIdx.x / gridDim.x, u1 = sk_units * (blockIdx.x + 1) / gridDim.x;
+    const int t0 = int(u0 / KT);
+    const int64_t end0 = int64_t(t0 + 1) * KT;
+    if (u1 > end0) {  // the head of tile t0 + 1 (contributed), then the tail of t0 (owned)
+      seg_tile[0] = t0 + 1;
+      seg_k0[0] = 0;
+      seg_steps[0] = int(u1 - end0);
+      seg_tile[1] = t0;
+      seg_k0[1] = int(u0 - int64_t(t0) * KT);
+      seg_steps[1] = int(end0 - u0);
+      nseg = 2;
+    } else {
+      seg_tile[0] = t0;
+      seg_k0[0] = int(u0 - int64_t(t0) * KT);
+      seg_steps[0] = int(u1 - u0);
+    }
+  } else {
+    const int per = (KT + splits - 1) / splits;
+    seg_tile[0] = blockIdx.y * rtiles + blockIdx.x;
+    seg_k0[0] = int(blockIdx.z) * per;
+    seg_steps[0] = max(0, min(per, KT - seg_k0[0]));
+  }
+  // Stream-K: whether segment q ends at its tile's last k-step (owned) or not (contributed).
+  const auto owned = [&](int q) { return seg_k0[q] + seg_steps[q] == KT; };
+  // The last segment's tile: the one whose C this CTA writes (when it owns it).
+  const int n0 = (seg_tile[nseg - 1] % rtiles) * S::rows, m0 = (seg_tile[nseg - 1] / rtiles) * TN;
+  const int kt0 = seg_k0[0], steps = seg_steps[0];
   const int esize = absmax_bytes(fmt);
-  const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages;
+  const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages, stored = lay.bars + 16 * stages;
+  // Stream-K contributor (its first segment): the producer thread publishes the partial (fence
+  // + flag) once every consumer warp has arrived on `stored`, after it has issued the next
+  // segment's first `stages` steps (or at its end), so that the consumers never wait for the
+  // stores to drain.
+  const int publish_at = !sk || owned(0) ? -1 : nseg == 2 ? seg_steps[0] + min(stages, seg_steps[1]) : seg_steps[0];
 
   // Rows n0 + rows .. are past N: their words and absmax stay zero in every stage (decoded to
   // 0); the copies bring only the first `rows` (a multiple of 8: N % 8 == 0).
   const int rows = min(S::rows, N - n0);
   const uint32_t p_bytes = rows * 8 * K_BITS, a_bytes = rows * 2 * esize;  // multiples of 16
-  const char* psrc = reinterpret_cast<const char*>(packed) + int64_t(n0) * 2 * K_BITS * 4;
-  const char* asrc = static_cast<const char*>(absmax) + int64_t(n0) * 2 * esize;
+  // the first segment's weights (the producer steps through every segment's)
+  const int n_first = (seg_tile[0] % rtiles) * S::rows;
+  const char* psrc = reinterpret_cast<const char*>(packed) + int64_t(n_first) * 2 * K_BITS * 4;
+  const char* asrc = static_cast<const char*>(absmax) + int64_t(n_first) * 2 * esize;
   const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
   if (rows < S::rows) {
     constexpr int kTail = (S::packed_bytes + S::absmax_bytes) / 16;
@@ -322,6 +375,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
       mbar_init(full0 + 8 * st, 1);
       mbar_init(empty0 + 8 * st, WG * 4);  // one arrival per consumer warp
     }
+    mbar_init(stored, WG * 4);
     mbar_fence_init();
     prefetch_tensormap(&x_map);
     if (pdl >= 2)
@@ -348,28 +402,39 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   if (producer) {
     if constexpr (kRegSplit<TN, WG>) setmaxnreg_dec<kProducerRegs>();
     if (tid == kThreads) {
-      // weights read by one token tile only (gridDim.y == 1) stream through L2 evict-first
-      const uint64_t w_policy = l2_policy(gridDim.y == 1);
-      int slot = 0;
+      // weights read by one token tile only stream through L2 evict-first
+      const uint64_t w_policy = l2_policy(M <= TN);
+      int slot = 0, s_all = 0;
       uint32_t phase = 0;
-      for (int s = 0; s < steps; s++) {
+      const auto publish = [&]() {
+        mbar_wait(stored, 0);
+        __threadfence();
+        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(sk_flags + blockIdx.x), "r"(1u) : "memory");
+      };
+      for (int q = 0; q < nseg; q++)
+      for (int s = 0; s < seg_steps[q]; s++, s_all++) {
+        if (s_all == publish_at) publish();
+        const int tn0 = (seg_tile[q] % rtiles) * S::rows, tm0 = (seg_tile[q] / rtiles) * TN, tk = seg_k0[q] + s;
+        const char* const pseg = reinterpret_cast<const char*>(packed) + int64_t(tn0) * 2 * K_BITS * 4;
+        const char* const aseg = static_cast<const char*>(absmax) + int64_t(tn0) * 2 * esize;
         const uint32_t st = lay.stage(slot, S::stage_bytes), full = full0 + 8 * slot;
         // consumers released it; the proxy fence orders their generic reads of the stage
         // before the async-proxy writes (racecheck reports the hazard without it)
-        if (s >= stages) mbar_wait(empty0 + 8 * slot, phase ^ 1);
+        if (s_all >= stages) mbar_wait(empty0 + 8 * slot, phase ^ 1);
         fence_proxy_async();
         constexpr bool kX = !(KBIT_WG_PROBE & 8), kW = !(KBIT_WG_PROBE & 4);
         mbar_expect_tx(full, (kX ? S::x_bytes : 0) + (kW ? p_bytes + a_bytes : 0));
-        if (kX) tma_load_2d(st, &x_map, (kt0 + s) * kStepK, m0, full);
+        if (kX) tma_load_2d(st, &x_map, tk * kStepK, tm0, full);
         if (kW) {
-          bulk_copy_hint(st + S::x_bytes, psrc + (kt0 + s) * p_step, p_bytes, full, w_policy);
-          bulk_copy_hint(st + S::x_bytes + S::packed_bytes, asrc + (kt0 + s) * a_step, a_bytes, full, w_policy);
+          bulk_copy_hint(st + S::x_bytes, pseg + tk * p_step, p_bytes, full, w_policy);
+          bulk_copy_hint(st + S::x_bytes + S::packed_bytes, aseg + tk * a_step, a_bytes, full, w_policy);
         }
         if (++slot == stages) {
           slot = 0;
           phase ^= 1;
         }
       }
+      if (s_all == publish_at) publish();
     }
 #ifdef KBIT_WG_FIRST_COPY_PROBE  // scripts/wgmma_timeline.cu: when step 0's copies landed
     if (kRegSplit<TN, WG> && tid == kThreads + 32) {
@@ -444,8 +509,9 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     int slot = 0;
     uint32_t phase = 0, prev_empty = 0;
     uint32_t a_prev[4][4] = {};  // the A registers of the previous step
+    for (int q = 0; q < nseg; q++) {
 #pragma unroll 2
-    for (int s = 0; s < steps; s++) {
+    for (int s = 0; s < seg_steps[q]; s++) {
       const uint32_t st = lay.stage(slot, S::stage_bytes);
       mbar_wait(full0 + 8 * slot, phase);
       KBIT_WG_MARK(s, 0);
@@ -534,7 +600,73 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     }
     wgmma_wait<0>();
     fence_regs(acc);
+    if (sk) {
+      // the segment's last stage (the loop releases each step's stage one step later)
+      __syncwarp();
+      if (seg_steps[q] > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev_empty);
+      // Partial tiles as fp16 scaled by 2^-e, e per thread from its largest |partial| (which
+      // becomes 2^14..2^15; e = 0 when that is not finite, so that Inf and NaN pass on), as
+      // the cluster split-K below does per CTA: half the bytes of fp32 and no barrier. Slot b
+      // of the workspace holds CTA b's: the exponents (int per thread), then thread-major
+      // 16-byte items (thread t's i-th at i * kThreads + t), so the owner's thread t reads
+      // what the contributor's thread t wrote.
+      constexpr int kItems = TN / 16;  // of 8 halves: a thread's TN / 2 partials
+      int* const sk_exps = reinterpret_cast<int*>(sk_ws);
+      uint4* const sk_parts = reinterpret_cast<uint4*>(sk_ws + size_t(gridDim.x) * kThreads * 4);
+      if (!owned(q)) {
+        float mx = 0.f;
+#pragma unroll
+        for (int i = 0; i < TN / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
+        const int ex = isfinite(mx) ? min(113, max(-100, int((__float_as_uint(mx) >> 23) & 0xffu) - 127 - 14)) : 0;
+        const float down = __uint_as_float(uint32_t(127 - ex) << 23);
+        uint4* const dst = sk_parts + size_t(blockIdx.x) * kItems * kThreads;
+#pragma unroll
+        for (int i = 0; i < kItems; i++)
+          dst[i * kThreads + tid] = make_uint4(
+              Pair<__half>::pack(acc[8 * i] * down, acc[8 * i + 1] * down),
+              Pair<__half>::pack(acc[8 * i + 2] * down, acc[8 * i + 3] * down),
+              Pair<__half>::pack(acc[8 * i + 4] * down, acc[8 * i + 5] * down),
+              Pair<__half>::pack(acc[8 * i + 6] * down, acc[8 * i + 7] * down));
+        sk_exps[size_t(blockIdx.x) * kThreads + tid] = ex;
+        __syncwarp();
+        if (lane == 0) mbar_arrive(stored);  // the producer thread publishes it
+#pragma unroll
+        for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;  // for the owned segment
+      } else {
+        // the owner: add the partials of the lower CTAs whose ranges reach into this tile
+        const int64_t tile_start = int64_t(seg_tile[q]) * KT;
+        for (int b = int(blockIdx.x) - 1; b >= 0 && sk_units * (b + 1) / gridDim.x > tile_start; b--) {
+          if (tid == 0) {
+            unsigned f = 0;
+            do {
+              asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(sk_flags + b) : "memory");
+            } while (f == 0u);
+            sk_flags[b] = 0u;  // ready for the next call (each slot has one reader)
+          }
+          consumer_sync<kThreads>();
+          const float up = __uint_as_float(uint32_t(127 + __ldcg(sk_exps + size_t(b) * kThreads + tid)) << 23);
+          const uint4* const src = sk_parts + size_t(b) * kItems * kThreads;
+#pragma unroll
+          for (int i = 0; i < kItems; i++) {
+            const uint4 v = __ldcg(src + i * kThreads + tid);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+              const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+              acc[8 * i + 2 * j] = fmaf(f.x, up, acc[8 * i + 2 * j]);
+              acc[8 * i + 2 * j + 1] = fmaf(f.y, up, acc[8 * i + 2 * j + 1]);
+            }
+          }
+        }
+      }
+    }
+    }  // segments
     KBIT_WG_PHASE(2);
+  }
+  // stream-K: a CTA that owns no tile writes no C
+  if (sk && !owned(nseg - 1)) {
+    if (tid == 0) KBIT_WG_CTA(1);
+    return;
   }
 
   // Accumulator fragment: acc[4i + 2h + e] is weight row r0 + 8h, token 8i + 2c + e.
@@ -586,6 +718,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
       }
     }
     KBIT_WG_PHASE(5);
+    if (tid == 0) KBIT_WG_CTA(1);
     return;
   }
   // Split K: this CTA's tile [TN tokens][rows] into shared memory, then CTA z of the cluster
@@ -684,11 +817,38 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
 }
 
 // Configuration forced by kbit_wgmma_force_config (tests, sweeps): TN (32, 64, 128, 256), WG
-// (1, 2), splits (1..8), k = 5's table (1 the 64 KB one, 2 the wide one, solo); 0 = automatic.
+// (1, 2), splits (1..8; -1: stream-K where it applies, else automatic), k = 5's table (1 the
+// 64 KB one, 2 the wide one, solo); 0 = automatic.
 int& forced_tn() { static int v = 0; return v; }
 int& forced_wg() { static int v = 0; return v; }
 int& forced_splits() { static int v = 0; return v; }
 int& forced_table() { static int v = 0; return v; }
+// Whether the last launch ran stream-K (tests).
+int& last_streamk() { static int v = 0; return v; }
+
+// Stream-K workspace (from the caller, one per stream or captured graph): kFlagBytes of flags
+// (uint32 per CTA, zero between calls: each owner clears the flags it consumed), then per CTA
+// (G = the grid) G x threads exponents (int) and G partial tiles of 64 * WG rows x TN tokens
+// in fp16. `need` (a query, kbit_wgmma_workspace_bytes): launch nothing, set *need to the
+// bytes the call would use (0: it would not run stream-K).
+struct Workspace {
+  void* ptr;
+  int64_t bytes;
+  int64_t* need;
+};
+constexpr int64_t kFlagBytes = 4 * 1024;  // flags of up to 1024 CTAs
+inline int64_t streamk_bytes(int ctas, int rows, int tn) {
+  return kFlagBytes + int64_t(ctas) * (2 * rows * 4 + int64_t(rows) * tn * 2);  // threads = 2 * rows
+}
+// Stream-K's cost in the split model of launch_cfg, in steps per CTA on top of its share of
+// the units: the partial tile's store and publish (contributor) and load (owner).
+inline int streamk_overhead() {
+  static const int v = [] {
+    const char* e = std::getenv("KBIT_WG_SK_OVERHEAD");  // experiments
+    return e != nullptr ? std::atoi(e) : 6;
+  }();
+  return v;
+}
 
 // cuTensorMapEncodeTiled from the driver (no link against libcuda), or null.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -737,12 +897,17 @@ bool wgmma_capable(int device) {
 // 512, k = 4: gateup 256.2 20.3 / 27.7 (128.2 19.6 / 42.3); down 128.1 20.7, 128.2 27.4 (256.2
 // 25.0 / 30.0); KV 128.1 9.5 / 10.4 (256.1 11.4 / 12.4). The K split is chosen in launch_cfg, where the
 // kernel's occupancy is known.
-void choose(int64_t M, int64_t N, int& tn, int& wg, int sms) {
+// With a stream-K workspace (sk), M = 193..256 also takes TN = 256 with one warpgroup where
+// fewer 64-row tiles make less than 0.45 of a wave but enough units for stream-K
+// (launch_cfg's condition): down k = 5 at M = 256 23.1 -> 21.2 us (NOTES.md v23).
+void choose(int64_t M, int64_t N, int64_t K, bool sk, int& tn, int& wg, int sms) {
+  const int64_t rows1 = ceil_div(N, 64);  // row tiles of a 1-warpgroup CTA
   const int64_t rows2 = ceil_div(N, 128);  // row tiles of a 2-warpgroup CTA
   if (M <= 128) {
     tn = M <= 32 ? 32 : M <= 64 ? 64 : 128;
     wg = ceil_div(M, tn) * rows2 >= 2 * sms ? 2 : 1;
-  } else if (M > 192 && M <= 256 && 20 * ceil_div(N, 64) >= 9 * sms && ceil_div(N, 64) <= sms) {
+  } else if (M > 192 && M <= 256 && rows1 <= sms &&
+             (20 * rows1 >= 9 * sms || (sk && N % 64 == 0 && rows1 * ceil_div(K, kStepK) >= 2 * sms))) {
     // one token tile of 64-row CTAs that make 0.45 .. 1 wave: no K split (or 2 where the
     // split model takes it) instead of 256.2's 128-row tiles and their split-K reduction over
     // distributed shared memory (~8700 cycles of ~38000 at gateup 256.2.2, NOTES.md v19). H100
@@ -788,7 +953,8 @@ int stages_for(int device, bool shared, uint32_t& bytes) {
 template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
 cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M, int64_t ldx,
                        const int32_t* packed, const void* absmax, int fmt, const float* codebook,
-                       int64_t N, int64_t K, int splits, int exponent, const void* bias, void* out, int64_t ldo) {
+                       int64_t N, int64_t K, int splits, int exponent, const void* bias, void* out, int64_t ldo,
+                       Workspace ws) {
   constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG, W5>;
   const unsigned threads = WG * 128 + kProducerThreads<TN, WG>;
   const int64_t tiles = ceil_div(N, kWgRows * WG) * ceil_div(M, TN);
@@ -832,7 +998,10 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     planned[device] = true;
   }
   static int fit[2][64][kMaxSplits + 1] = {};  // clusters (CTAs for 1) at once; 0 unknown, -1 none
-  const int forced_splits = splits;
+  const bool sk_forced = splits == -1;  // stream-K asked for (used where it applies)
+  const int forced_splits = sk_forced ? 0 : splits;
+  const int64_t kt = ceil_div(K, kStepK);
+  int64_t plan_cost = -1;  // of the last plan: waves x (steps per CTA + kSplitOverhead)
   auto plan = [&](bool shared, uint32_t& smem, int& sp_out) -> int {
     const int stages = plan_stages[shared][device];
     if (stages == 0) return 0;
@@ -840,7 +1009,6 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     sp_out = forced_splits;
     if (sp_out == 0) {
       constexpr int64_t kSplitOverhead = 4;
-      const int64_t kt = ceil_div(K, kStepK);
       int64_t best = -1;
       sp_out = 1;
       for (int sp = 1; sp <= kMaxSplits && (sp == 1 || kt >= 2 * sp); sp++) {
@@ -856,12 +1024,30 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
           sp_out = sp;
         }
       }
+      plan_cost = best;
     }
     return stages;
   };
   uint32_t smem = 0;
   int stages = plan(true, smem, splits);
-  const bool solo = stages == 0 || tiles * splits <= sms;
+  bool solo = stages == 0 || tiles * splits <= sms;
+  if (solo) stages = plan(false, smem, splits);
+  // Stream-K: one CTA per SM deals the tiles' k-steps evenly (kernel comment), where the tiles
+  // are fewer than the SMs (a CTA then holds at most the tail of one tile and the head of the
+  // next), every tile has all its rows and the workspace holds the partials; forced (splits
+  // -1) or where the split model costs it below the cluster split's plan. Its overhead grows
+  // with the partial tile past 32 KB: 256.2's 64 KB tiles measured slower than the cluster
+  // split (gateup M = 192 k = 4 20.3 vs 18.6 us, NOTES.md v23).
+  const bool sk_fits = N % (kWgRows * WG) == 0 && tiles < sms && tiles * kt >= 2 * sms &&
+                       (ws.need != nullptr || (ws.ptr != nullptr && ws.bytes >= streamk_bytes(sms, kWgRows * WG, TN)));
+  const int64_t sk_overhead = streamk_overhead() * (kWgRows * WG * TN > 16384 ? kWgRows * WG * TN / 16384 : 1);
+  const bool want_sk = sk_fits && (sk_forced || (forced_splits == 0 && solo && plan_cost >= 0 &&
+                                                 ceil_div(tiles * kt, sms) + sk_overhead < plan_cost));
+  if (want_sk) {
+    solo = true;
+    stages = plan(false, smem, splits);
+    splits = 1;
+  }
   if constexpr (K_BITS == 5 && !W5) {
     // solo at k = 5: the wide table (no bank conflicts) where it leaves enough stages
     static int wide_stages[64] = {};  // its solo layout's stages, once per device (-1: none fit)
@@ -873,13 +1059,18 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     const int ft = forced_table();
     if (ft != 1 && (solo || ft == 2) && wide_stages[device] >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
       return launch_cfg<T, K_BITS, TN, WG, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
-                                                 forced_splits, exponent, bias, out, ldo);
+                                                 sk_forced ? -1 : forced_splits, exponent, bias, out, ldo, ws);
   }
-  if (solo) stages = plan(false, smem, splits);
   if (stages == 0) return cudaErrorInvalidValue;
   if (splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
+  if (ws.need != nullptr) {
+    *ws.need = want_sk ? streamk_bytes(sms, kWgRows * WG, TN) : 0;
+    return cudaSuccess;
+  }
+  last_streamk() = want_sk;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), unsigned(splits));
+  cfg.gridDim = want_sk ? dim3(unsigned(sms))
+                        : dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), unsigned(splits));
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -896,20 +1087,22 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
       const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  char* const sk_ws = want_sk ? static_cast<char*>(ws.ptr) + kFlagBytes : nullptr;
+  unsigned* const sk_flags = want_sk ? static_cast<unsigned*>(ws.ptr) : nullptr;
   return launch_kernel(cfg, splits, 2, pdl, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K),
                        stages, splits, ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo,
-                       pdl);
+                       pdl, sk_ws, sk_flags);
 }
 
 template <typename T, int K_BITS>
 cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, int64_t ldx,
                         const int32_t* p, const void* a, int fmt, const float* cb, int64_t N,
-                        int64_t K, int e, const void* bias, void* out, int64_t ldo) {
+                        int64_t K, int e, const void* bias, void* out, int64_t ldo, Workspace ws) {
   int tn, wg, splits = forced_splits();
-  choose(M, N, tn, wg, device_info(device).sms);
+  choose(M, N, K, ws.ptr != nullptr || ws.need != nullptr, tn, wg, device_info(device).sms);
 #define KBIT_WG_CASE(TN_, WG_)                                                                    \
   if (tn == TN_ && wg == WG_)                                                                     \
-    return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo);
+    return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, ws);
   KBIT_WG_CASE(32, 1) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(128, 1) KBIT_WG_CASE(256, 1)
   KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2) KBIT_WG_CASE(256, 2)
 #undef KBIT_WG_CASE
@@ -928,11 +1121,13 @@ extern "C" void kbit_wgmma_force_config(int tn, int wg, int splits, int table) {
   kbit::forced_table() = table;
 }
 
-extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
-                          const int32_t* packed, const void* absmax, int absmax_format,
-                          const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
-                          const void* bias, void* out, int64_t ldo) {
-  using namespace kbit;
+extern "C" int kbit_wgmma_last_streamk() { return kbit::last_streamk(); }
+
+namespace kbit {
+namespace {
+int wgmma_entry(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx, const int32_t* packed,
+                const void* absmax, int absmax_format, const float* codebook, int k, int64_t N, int64_t K,
+                int absmax_exponent, const void* bias, void* out, int64_t ldo, Workspace ws) {
   DeviceGuard guard(device);
   if (guard.err != cudaSuccess) return guard.err;
   if (M == 0 || N == 0) return cudaSuccess;
@@ -946,10 +1141,10 @@ extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, in
   auto by_k = [&](auto t) -> cudaError_t {
     using T = decltype(t);
     switch (k) {
-      case 2: return launch_bits<T, 2>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
-      case 3: return launch_bits<T, 3>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
-      case 4: return launch_bits<T, 4>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
-      case 5: return launch_bits<T, 5>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo);
+      case 2: return launch_bits<T, 2>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo, ws);
+      case 3: return launch_bits<T, 3>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo, ws);
+      case 4: return launch_bits<T, 4>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo, ws);
+      case 5: return launch_bits<T, 5>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo, ws);
     }
     return cudaErrorInvalidValue;
   };
@@ -958,4 +1153,22 @@ extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, in
     case KBIT_BF16: return by_k(__nv_bfloat16());
   }
   return cudaErrorInvalidValue;
+}
+}  // namespace
+}  // namespace kbit
+
+extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
+                          const int32_t* packed, const void* absmax, int absmax_format,
+                          const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
+                          const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes) {
+  return kbit::wgmma_entry(device, stream, x, dtype, M, ldx, packed, absmax, absmax_format, codebook, k, N, K,
+                           absmax_exponent, bias, out, ldo, kbit::Workspace{workspace, workspace_bytes, nullptr});
+}
+
+extern "C" int64_t kbit_wgmma_workspace_bytes(int device, int dtype, int64_t M, int64_t K, int64_t N, int k,
+                                              int absmax_format) {
+  int64_t need = 0;
+  const int err = kbit::wgmma_entry(device, nullptr, nullptr, dtype, M, K, nullptr, nullptr, absmax_format, nullptr,
+                                    k, N, K, 0, nullptr, nullptr, N, kbit::Workspace{nullptr, 0, &need});
+  return err == 0 ? need : 0;
 }

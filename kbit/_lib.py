@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 F32, F16, BF16 = 0, 1, 2
 DTYPE_CODES = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 ABSMAX_CODES = {"e4m4": 0, "fp16": 1, "fp32": 2}
@@ -52,10 +52,13 @@ _SIGNATURES = {
     ),
     "kbit_wgmma": (
         [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_p, _c_p, _c_int, _c_p, _c_int, _c_i64,
-         _c_i64, _c_int, _c_p, _c_p, _c_i64],
+         _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_p, _c_i64],
         _c_int,
     ),
     "kbit_wgmma_available": ([_c_int], _c_int),
+    "kbit_wgmma_workspace_bytes": ([_c_int, _c_int, _c_i64, _c_i64, _c_i64, _c_int, _c_int], _c_i64),
+    "kbit_stream_capture_id": ([_c_p], ctypes.c_ulonglong),
+    "kbit_wgmma_last_streamk": ([], _c_int),
     "kbit_wgmma_force_config": ([_c_int, _c_int, _c_int, _c_int], None),
     "kbit_mma_max_x_bytes": ([], _c_int),
     "kbit_mma_smem_bytes": ([_c_int, _c_int, _c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], ctypes.c_int64),

@@ -10,6 +10,8 @@ native library trusts what it is given.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -431,13 +433,15 @@ _K5_TABLES = {"auto": 0, "narrow": 1, "wide": 2}
 def force_wgmma_config(tn: int = 0, wg: int = 0, splits: int = 0, k5_table: str = "auto") -> None:
     """Tests and experiments: make every wgmma launch use TN tokens (32, 64, 128, 256) and WG
     warpgroups of 64 weight rows (1, 2) per CTA, and split K over a
-    cluster of `splits` CTAs (1..8); 0 = automatic. k5_table: k = 5's codebook table, "narrow"
+    cluster of `splits` CTAs (1..8; -1: stream-K, one CTA per SM, where the tiles are fewer than
+    the SMs and N a multiple of the CTA's rows, else automatic); 0 = automatic. k5_table: k = 5's codebook table, "narrow"
     (64 KB, lanes share columns: 2 CTAs may share an SM), "wide" (128 KB, no bank conflicts,
     one CTA per SM) or "auto" (wide where a CTA runs alone on its SM)."""
     if k5_table not in _K5_TABLES:
         raise ValueError(f"k5_table must be one of {sorted(_K5_TABLES)}, got {k5_table!r}")
     if _lib.available():
         _lib._lib.kbit_wgmma_force_config(int(tn), int(wg), int(splits), _K5_TABLES[k5_table])
+        _wgmma_need.clear()  # the stream-K decision follows the forced configuration
 
 
 def _device_index(device) -> int:
@@ -506,6 +510,64 @@ def _small_m_ref_into(x, packed, absmax, codebook, n, kdim, absmax_exponent, bia
     out.copy_(y.to(x.dtype))
 
 
+_wgmma_need: dict = {}  # (device, dtype, M, K, N, k, absmax format) -> workspace bytes (0: none)
+_wgmma_workspaces: dict = {}  # (device, stream) -> zeroed workspace of eager calls
+_wgmma_graph_workspaces: dict = {}  # (device, stream) -> (capture id, workspace of that capture)
+_wgmma_shared_workspace = None
+# KBIT_STREAMK=0: no wgmma call gets a workspace, so none runs stream-K (A/B experiments).
+_wgmma_streamk = os.environ.get("KBIT_STREAMK", "1") != "0"
+_FLAG_BYTES = 4096  # the workspace's flags (csrc/wgmma.cu kFlagBytes): zero between calls
+
+
+def use_wgmma_workspace(ws: Tensor | None) -> None:
+    """Experiments (scripts/wgmma_sweep.py): every wgmma call that runs stream-K takes this
+    zeroed uint8 CUDA tensor as its workspace, captured or not; the calls must then run one
+    after another. None: back to the per-stream / per-graph cache."""
+    global _wgmma_shared_workspace
+    _wgmma_shared_workspace = ws
+
+
+def _wgmma_workspace(lib, x: Tensor, dev: int, stream: int, m: int, kdim: int, n: int, k: int, fmt: int):
+    """The stream-K workspace of a wgmma call, or None when the call does not run stream-K
+    (csrc/wgmma.cu decides; asked once per shape). A workspace's flags must be zero before a
+    call, and every call leaves them zero, so calls that run one after another share one:
+    eager calls one per (device, stream); a CUDA-graph capture one per (device, stream) of
+    that capture, allocated from the graph's memory pool with its flags zeroed by a memset
+    node at the start of each replay (the graph then owns it: two graphs do not share one)."""
+    if not _wgmma_streamk:
+        return None
+    key = (dev, x.dtype, m, kdim, n, k, fmt)
+    need = _wgmma_need.get(key)
+    if need is None:
+        need = int(lib.kbit_wgmma_workspace_bytes(dev, _lib.DTYPE_CODES[x.dtype], m, kdim, n, k, fmt))
+        _wgmma_need[key] = need
+    if need == 0:
+        return None
+    if _wgmma_shared_workspace is not None:
+        return _wgmma_shared_workspace
+    capture = int(lib.kbit_stream_capture_id(stream)) if torch.cuda.is_current_stream_capturing() else 0
+    if capture:
+        held = _wgmma_graph_workspaces.get((dev, stream))
+        if held is not None and held[0] == capture and held[1].numel() >= need:
+            return held[1]
+        ws = torch.empty(need, dtype=torch.uint8, device=x.device)
+        ws[:_FLAG_BYTES].zero_()  # captured: runs at every replay, before the graph's first call
+        _wgmma_graph_workspaces[(dev, stream)] = (capture, ws)  # drops a finished capture's
+        return ws
+    ws = _wgmma_workspaces.get((dev, stream))
+    if ws is None or ws.numel() < need:
+        if ws is None and len(_wgmma_workspaces) >= 8:  # streams come and go: keep the latest few
+            _wgmma_workspaces.pop(next(iter(_wgmma_workspaces)))
+        ws = torch.zeros(need, dtype=torch.uint8, device=x.device)
+        _wgmma_workspaces[(dev, stream)] = ws
+    return ws
+
+
+def wgmma_last_streamk() -> bool:
+    """Tests: whether the process's last wgmma launch ran stream-K."""
+    return bool(_lib.available() and _lib._lib.kbit_wgmma_last_streamk())
+
+
 def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias, out):
     lib = _lib.native(x)
     if lib is None:
@@ -518,11 +580,17 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
         if x.data_ptr() % 16 or x.stride(0) % 8:
             x = x.clone(memory_format=torch.contiguous_format)
     dev, stream = _lib.stream_of(x)
+    fmt = _lib.ABSMAX_CODES[absmax_format_of(absmax)]
+    k = codebook.numel().bit_length() - 1
+    extra = ()
+    if cfn == "kbit_wgmma":
+        ws = _wgmma_workspace(lib, x, dev, stream, x.shape[0], kdim, n, k, fmt)
+        extra = (ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)
     rc = getattr(lib, cfn)(
         dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),
-        packed.data_ptr(), absmax.data_ptr(), _lib.ABSMAX_CODES[absmax_format_of(absmax)],
-        codebook.data_ptr(), codebook.numel().bit_length() - 1, n, kdim, absmax_exponent,
-        bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0),
+        packed.data_ptr(), absmax.data_ptr(), fmt,
+        codebook.data_ptr(), k, n, kdim, absmax_exponent,
+        bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0), *extra,
     )
     _lib.check(rc, cfn[5:])
     return None

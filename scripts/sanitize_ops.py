@@ -65,5 +65,16 @@ if ops.wgmma_supports(1, 64, 64, 4, "cuda"):
                     ops.wgmma(torch.randn(m, 4128, device="cuda").to((torch.float16, torch.bfloat16)[m % 2]),
                               t.packed, t.absmax, t.codebook, 200, 4128, t.absmax_exponent)
         ops.force_wgmma_config()
+    # stream-K (forced; N a multiple of the CTA's rows): tails, heads, tiles with several
+    # contributors, two token tiles, both warpgroup counts
+    for k in (4, 5):
+        t = kbit.repack(kbit.quantize(torch.randn(512, 8224, device="cuda") * 0.1, k=k))
+        for cfg in ((64, 1, -1), (256, 1, -1), (128, 2, -1)):
+            ops.force_wgmma_config(*cfg)
+            for m in (5, 70):
+                ops.wgmma(torch.randn(m, 8224, device="cuda").half(), t.packed, t.absmax, t.codebook, 512, 8224,
+                          t.absmax_exponent)
+                assert ops.wgmma_last_streamk(), cfg
+        ops.force_wgmma_config()
 torch.cuda.synchronize()
 print("sanitize_ops: done")

@@ -1,6 +1,6 @@
 // Per-step timeline of one CTA of csrc/wgmma.cu (no Python): where does a 64-k step go?
 // Build: nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -DKBIT_HAS_SM90A scripts/wgmma_timeline.cu -o wtl
-// Run on the GPU: ./wtl k M N K [TN WG splits [k5 table: 1 narrow, 2 wide]]   (thread 0 of CTA (0, 0, 0), a consumer; clock64
+// Run on the GPU: ./wtl k M N K [TN WG splits (-1: stream-K) [k5 table: 1 narrow, 2 wide]]   (thread 0 of CTA (0, 0, 0), a consumer; clock64
 // cycles, mean over steps 2 .. KT - 3 of the time from the step's start (its copies landed) to
 // each point: 1 = A fragments decoded, 2 = the previous step's MMAs done; then the mean step
 // length; points never marked are left out; then the phases of the call from kernel entry:
@@ -9,6 +9,8 @@
 // Hashed weights, zero codebook and x: timing only.
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
+#include <vector>
 
 constexpr int kMaxSteps = 512;
 __device__ long long kbit_wtl[kMaxSteps][8];
@@ -22,6 +24,14 @@ __device__ long long kbit_phase[8];
   do {                                                                                              \
     if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && (threadIdx.x == 0 || (p) >= 6))  \
       kbit_phase[(p)] = clock64();                                                                 \
+  } while (0)
+__device__ unsigned long long kbit_cta_t[4096][2];
+#define KBIT_WG_CTA(p)                                                                                  \
+  do {                                                                                                 \
+    unsigned long long t_;                                                                             \
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                             \
+    const unsigned b_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                \
+    if (b_ < 4096) kbit_cta_t[b_][(p)] = t_;                                                           \
   } while (0)
 #define KBIT_WG_FIRST_COPY_PROBE
 #include "wgmma.cu"
@@ -54,6 +64,11 @@ int main(int argc, char** argv) {
   CK(cudaMemset(absmax, 0x70, KT * N * 2));  // E4M4 code 0x70: 1.0
   CK(cudaMemset(cb, 0, 32 * 4));
   CK(cudaMemset(x, 0, size_t(M) * K * 2));
+  // stream-K's workspace (0 when the call does not run it); one byte at least
+  const int64_t ws_bytes = kbit_wgmma_workspace_bytes(0, KBIT_F16, M, K, N, k, KBIT_ABSMAX_E4M4) + 1;
+  void* ws;
+  CK(cudaMalloc(&ws, ws_bytes));
+  CK(cudaMemset(ws, 0, ws_bytes));
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
@@ -61,7 +76,7 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < 3; rep++) {
     CK(cudaEventRecord(e0));
     CK(cudaError_t(kbit_wgmma(0, nullptr, x, KBIT_F16, M, K, packed, absmax, KBIT_ABSMAX_E4M4, cb, k, N, K, 0,
-                              nullptr, y, N)));
+                              nullptr, y, N, ws, ws_bytes)));
     CK(cudaEventRecord(e1));
     CK(cudaDeviceSynchronize());
     CK(cudaEventElapsedTime(&ms, e0, e1));
@@ -86,5 +101,18 @@ int main(int argc, char** argv) {
          " | %d steps | call %.1f us\n",
          ph[1] - ph[0], ph[6] ? ph[6] - ph[0] : 0, t[0][0] - ph[0], ph[2] - ph[0], ph[3] ? ph[3] - ph[0] : 0, ph[4] ? ph[4] - ph[0] : 0,
          ph[5] - ph[0], steps, ms * 1e3);
+  // every CTA (that writes C or a partial): ns from the first CTA's entry to its end
+  static unsigned long long ct[4096][2];
+  CK(cudaMemcpyFromSymbol(ct, kbit_cta_t, sizeof(ct)));
+  std::vector<long long> ends;
+  unsigned long long t0 = ~0ull;
+  for (int b = 0; b < 4096; b++)
+    if (ct[b][0] != 0 && ct[b][0] < t0) t0 = ct[b][0];
+  for (int b = 0; b < 4096; b++)
+    if (ct[b][1] != 0 && ct[b][1] > t0) ends.push_back(static_cast<long long>(ct[b][1] - t0));
+  std::sort(ends.begin(), ends.end());
+  if (!ends.empty())
+    printf("  CTA ends (ns from the first entry, %zu CTAs): min %lld, p25 %lld, median %lld, p75 %lld, max %lld\n",
+           ends.size(), ends[0], ends[ends.size() / 4], ends[ends.size() / 2], ends[3 * ends.size() / 4], ends.back());
   return 0;
 }

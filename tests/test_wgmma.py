@@ -80,22 +80,90 @@ def test_wgmma_every_cta_shape(k, k5_table, rng):
 @needs_wgmma
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e5, 1e34])
 def test_wgmma_split_partials_any_magnitude(scale, rng):
-    """The K split hands its partial tiles over as fp16 scaled per CTA: outputs around 1e-6
-    (fp16 subnormals unscaled), 1e5 (past fp16's range unscaled) and 1e35 (near fp32's top)
-    stay within bf16's bound; fp16 outputs at an ordinary magnitude within fp16's."""
-    n, kdim = 256, 4096
+    """The K split (a cluster's: 2, 8; stream-K's through global memory: -1) hands its partial
+    tiles over as fp16 scaled by a power of two (per CTA; per thread for stream-K): outputs
+    around 1e-6 (fp16 subnormals unscaled), 1e5 (past fp16's range unscaled) and 1e35 (near
+    fp32's top) stay within bf16's bound; fp16 outputs at an ordinary magnitude within fp16's."""
+    n, kdim = 512, 4096
     q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=4))
     w = _weight(q)
     dtypes = (torch.bfloat16, torch.float16) if scale == 1.0 else (torch.bfloat16,)
     try:
-        for splits in (2, 8):
+        for splits in (2, 8, -1):
             ops.force_wgmma_config(64, 1, splits)
             for dtype in dtypes:
                 x = (torch.randn(40, kdim, generator=rng) * scale).to(dtype).cuda()
                 err = _rel_err(_run(q, x).cpu(), ref.linear(x.cpu(), w, None))
+                assert ops.wgmma_last_streamk() == (splits == -1)
                 assert err <= TOL[dtype], (splits, dtype, scale, err)
     finally:
         ops.force_wgmma_config()
+
+
+@needs_wgmma
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_wgmma_streamk(k, rng):
+    """Stream-K (forced): one CTA per SM deals the (tile, k-step) units, partial tiles go
+    through the per-stream workspace to each tile's owner. Every tile width and warpgroup
+    count, a half last k-tile (K = 8224), a bias, and calls back to back with new x each time
+    (an owner that did not wait for its contributors, or flags not cleared for the next call,
+    would add stale partials)."""
+    n, kdim = 512, 8224
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
+    w = _weight(q)
+    try:
+        for i, (tn, wg) in enumerate([(64, 1), (128, 1), (256, 1), (32, 2), (128, 2), (256, 2)]):
+            ops.force_wgmma_config(tn, wg, -1)
+            dtype = (torch.float16, torch.bfloat16)[i % 2]
+            bias = torch.randn(n, generator=rng).to(dtype).cuda()
+            for m in (1, 70, 257, 1, 33):
+                x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
+                got = _run(q, x, bias)
+                assert ops.wgmma_last_streamk(), (tn, wg, m)
+                err = _rel_err(got.cpu(), ref.linear(x.cpu(), w, bias.cpu()))
+                assert err <= TOL[dtype], (tn, wg, m, err)
+    finally:
+        ops.force_wgmma_config()
+
+
+@needs_wgmma
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_wgmma_streamk_graph(dtype, rng):
+    """Stream-K chosen automatically (gateup, N = 5120, K = 2048, at M = 256: the split model
+    takes it there) inside CUDA graphs: three calls per graph share the graph's workspace,
+    two graphs and eager calls on the same stream each use their own; every replay with new x
+    matches the reference (a workspace whose flags were not zero at a replay's start, or that
+    two graphs shared, would hang or add stale partials)."""
+    n, kdim, m = 5120, 2048, 256
+    qs = [kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
+          for k in (4, 5)]
+    ws = [_weight(q) for q in qs]
+    xs = [torch.empty(m, kdim, dtype=dtype, device="cuda") for _ in range(2)]
+    outs = [[torch.empty(m, n, dtype=dtype, device="cuda") for _ in range(3)] for _ in range(2)]
+    graphs = []
+    for gi in range(2):
+        xs[gi].copy_(torch.randn(m, kdim, generator=rng).to(dtype))
+        _run(qs[0], xs[gi])  # warm up outside the capture (workspace sizes, plans)
+        assert ops.wgmma_last_streamk()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for j in range(3):
+                q = qs[j % 2]
+                ops.wgmma_out(xs[gi], q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, None, outs[gi][j])
+        graphs.append(g)
+    for rep in range(3):
+        for gi in range(2):
+            xs[gi].copy_(torch.randn(m, kdim, generator=rng).to(dtype))
+            for o in outs[gi]:
+                o.fill_(float("nan"))
+            graphs[gi].replay()
+            eager = _run(qs[1], xs[gi])  # between replays, on the same stream
+            torch.cuda.synchronize()
+            for j in range(3):
+                want = ref.linear(xs[gi].cpu(), ws[j % 2], None)
+                err = _rel_err(outs[gi][j].cpu(), want)
+                assert err <= TOL[dtype], (rep, gi, j, err)
+            assert _rel_err(eager.cpu(), ref.linear(xs[gi].cpu(), ws[1], None)) <= TOL[dtype]
 
 
 @needs_wgmma
