@@ -897,9 +897,11 @@ bool wgmma_capable(int device) {
 // 512, k = 4: gateup 256.2 20.3 / 27.7 (128.2 19.6 / 42.3); down 128.1 20.7, 128.2 27.4 (256.2
 // 25.0 / 30.0); KV 128.1 9.5 / 10.4 (256.1 11.4 / 12.4). The K split is chosen in launch_cfg, where the
 // kernel's occupancy is known.
-// With a stream-K workspace (sk), M = 193..256 also takes TN = 256 with one warpgroup where
-// fewer 64-row tiles make less than 0.45 of a wave but enough units for stream-K
-// (launch_cfg's condition): down k = 5 at M = 256 23.1 -> 21.2 us (NOTES.md v23).
+// With a stream-K workspace (sk) and k >= 4, M = 193..256 also takes TN = 256 with one
+// warpgroup where fewer 64-row tiles make less than 0.45 of a wave but enough units for
+// stream-K (launch_cfg's condition). H100, M = 256, us (128.1 cluster split -> 256.1
+// stream-K): down k = 4 20.9 -> 20.1, k = 5 22.1 -> 20.4 (same run); at k = 2, 3 down and O
+// were 2-3 us slower (bench v23 against v22), so not there (NOTES.md v23).
 void choose(int64_t M, int64_t N, int64_t K, bool sk, int& tn, int& wg, int sms) {
   const int64_t rows1 = ceil_div(N, 64);  // row tiles of a 1-warpgroup CTA
   const int64_t rows2 = ceil_div(N, 128);  // row tiles of a 2-warpgroup CTA
@@ -1099,7 +1101,7 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
                         const int32_t* p, const void* a, int fmt, const float* cb, int64_t N,
                         int64_t K, int e, const void* bias, void* out, int64_t ldo, Workspace ws) {
   int tn, wg, splits = forced_splits();
-  choose(M, N, K, ws.ptr != nullptr || ws.need != nullptr, tn, wg, device_info(device).sms);
+  choose(M, N, K, K_BITS >= 4 && (ws.ptr != nullptr || ws.need != nullptr), tn, wg, device_info(device).sms);
 #define KBIT_WG_CASE(TN_, WG_)                                                                    \
   if (tn == TN_ && wg == WG_)                                                                     \
     return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, ws);

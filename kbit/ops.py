@@ -513,6 +513,7 @@ def _small_m_ref_into(x, packed, absmax, codebook, n, kdim, absmax_exponent, bia
 _wgmma_need: dict = {}  # (device, dtype, M, K, N, k, absmax format) -> workspace bytes (0: none)
 _wgmma_workspaces: dict = {}  # (device, stream) -> zeroed workspace of eager calls
 _wgmma_graph_workspaces: dict = {}  # (device, stream) -> (capture id, workspace of that capture)
+_wgmma_graph_kept: list = []  # every captured workspace, never freed (see _wgmma_workspace)
 _wgmma_shared_workspace = None
 # KBIT_STREAMK=0: no wgmma call gets a workspace, so none runs stream-K (A/B experiments).
 _wgmma_streamk = os.environ.get("KBIT_STREAMK", "1") != "0"
@@ -533,7 +534,11 @@ def _wgmma_workspace(lib, x: Tensor, dev: int, stream: int, m: int, kdim: int, n
     call, and every call leaves them zero, so calls that run one after another share one:
     eager calls one per (device, stream); a CUDA-graph capture one per (device, stream) of
     that capture, allocated from the graph's memory pool with its flags zeroed by a memset
-    node at the start of each replay (the graph then owns it: two graphs do not share one)."""
+    node captured before its first use (so every replay starts with them zero; two graphs do
+    not share one). A captured workspace is never freed: freed, its block could go to a later
+    capture that shares the pool (torch.compile's CUDA-graph trees, `pool=`), whose tensors
+    the first graph's replays would then overwrite. That keeps up to ~9 MB per captured graph
+    that runs stream-K (4.4 MB on an H100 for the automatic configurations)."""
     if not _wgmma_streamk:
         return None
     key = (dev, x.dtype, m, kdim, n, k, fmt)
@@ -551,8 +556,9 @@ def _wgmma_workspace(lib, x: Tensor, dev: int, stream: int, m: int, kdim: int, n
         if held is not None and held[0] == capture and held[1].numel() >= need:
             return held[1]
         ws = torch.empty(need, dtype=torch.uint8, device=x.device)
-        ws[:_FLAG_BYTES].zero_()  # captured: runs at every replay, before the graph's first call
-        _wgmma_graph_workspaces[(dev, stream)] = (capture, ws)  # drops a finished capture's
+        ws[:_FLAG_BYTES].zero_()  # captured: runs at every replay, before the workspace's first call
+        _wgmma_graph_workspaces[(dev, stream)] = (capture, ws)
+        _wgmma_graph_kept.append(ws)
         return ws
     ws = _wgmma_workspaces.get((dev, stream))
     if ws is None or ws.numel() < need:
