@@ -312,7 +312,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   // holders' partial tiles and writes C. The others contribute: they hand their partial tile
   // to the owner through the workspace. A CTA thus waits only for CTAs of lower index (which
   // the hardware starts no later than itself: no deadlock even when the grid does not fit the
-  // GPU at once), and it runs its contributing segment (a head) first and its owned one (a
+  // GPU at once; CUDA does not document this dispatch order, every GPU so far follows it;
+  // a ticket from an atomic counter would remove the assumption), and it runs its contributing segment (a head) first and its owned one (a
   // tail) last, so that its contributors published long before it needs their partials.
   const int KT = (K + kStepK - 1) / kStepK;
   const int rtiles = (N + S::rows - 1) / S::rows;
@@ -1040,7 +1041,9 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   // -1) or where the split model costs it below the cluster split's plan. Its overhead grows
   // with the partial tile past 32 KB: 256.2's 64 KB tiles measured slower than the cluster
   // split (gateup M = 192 k = 4 20.3 vs 18.6 us, NOTES.md v23).
-  const bool sk_fits = N % (kWgRows * WG) == 0 && tiles < sms && tiles * kt >= 2 * sms &&
+  // (tiles x kt >= 2 SMs: every CTA has at least 2 units, so none contributes an empty head
+  // whose flag no owner would consume.)
+  const bool sk_fits = N % (kWgRows * WG) == 0 && tiles < sms && tiles * kt >= 2 * sms && sms <= kFlagBytes / 4 &&
                        (ws.need != nullptr || (ws.ptr != nullptr && ws.bytes >= streamk_bytes(sms, kWgRows * WG, TN)));
   const int64_t sk_overhead = streamk_overhead() * (kWgRows * WG * TN > 16384 ? kWgRows * WG * TN / 16384 : 1);
   const bool want_sk = sk_fits && (sk_forced || (forced_splits == 0 && solo && plan_cost >= 0 &&
@@ -1069,7 +1072,6 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     *ws.need = want_sk ? streamk_bytes(sms, kWgRows * WG, TN) : 0;
     return cudaSuccess;
   }
-  last_streamk() = want_sk;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = want_sk ? dim3(unsigned(sms))
                         : dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), unsigned(splits));
@@ -1089,6 +1091,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
       const_cast<void*>(x), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  last_streamk() = want_sk;
   char* const sk_ws = want_sk ? static_cast<char*>(ws.ptr) + kFlagBytes : nullptr;
   unsigned* const sk_flags = want_sk ? static_cast<unsigned*>(ws.ptr) : nullptr;
   return launch_kernel(cfg, splits, 2, pdl, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K),
@@ -1100,15 +1103,33 @@ template <typename T, int K_BITS>
 cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, int64_t ldx,
                         const int32_t* p, const void* a, int fmt, const float* cb, int64_t N,
                         int64_t K, int e, const void* bias, void* out, int64_t ldo, Workspace ws) {
-  int tn, wg, splits = forced_splits();
-  choose(M, N, K, K_BITS >= 4 && (ws.ptr != nullptr || ws.need != nullptr), tn, wg, device_info(device).sms);
+  const int splits = forced_splits(), sms = device_info(device).sms;
+  auto run = [&](int tn, int wg, Workspace w) -> cudaError_t {
 #define KBIT_WG_CASE(TN_, WG_)                                                                    \
   if (tn == TN_ && wg == WG_)                                                                     \
-    return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, ws);
-  KBIT_WG_CASE(32, 1) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(128, 1) KBIT_WG_CASE(256, 1)
-  KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2) KBIT_WG_CASE(256, 2)
+    return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, w);
+    KBIT_WG_CASE(32, 1) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(128, 1) KBIT_WG_CASE(256, 1)
+    KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2) KBIT_WG_CASE(256, 2)
+    return cudaErrorInvalidValue;
+  };
+  const bool sk = K_BITS >= 4 && (ws.ptr != nullptr || ws.need != nullptr);
+  int tn, wg;
+  choose(M, N, K, sk, tn, wg, sms);
+  if (sk && ws.need == nullptr) {
+    // choose() may have taken a tile only for stream-K's sake: where launch_cfg would then not
+    // run stream-K (its cost model, a workspace too small), the tile it picks without one
+    int tn0, wg0;
+    choose(M, N, K, false, tn0, wg0, sms);
+    if (tn0 != tn || wg0 != wg) {
+      int64_t need = 0;
+      if (run(tn, wg, Workspace{nullptr, 0, &need}) != cudaSuccess || need == 0 || need > ws.bytes) {
+        tn = tn0;
+        wg = wg0;
+      }
+    }
+  }
+  return run(tn, wg, ws);
 #undef KBIT_WG_CASE
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace

@@ -523,7 +523,9 @@ _FLAG_BYTES = 4096  # the workspace's flags (csrc/wgmma.cu kFlagBytes): zero bet
 def use_wgmma_workspace(ws: Tensor | None) -> None:
     """Experiments (scripts/wgmma_sweep.py): every wgmma call that runs stream-K takes this
     zeroed uint8 CUDA tensor as its workspace, captured or not; the calls must then run one
-    after another. None: back to the per-stream / per-graph cache."""
+    after another on one stream (two stream-K grids on one workspace at once can hang: one's
+    owner may consume and clear the other's flag). None: back to the per-stream / per-graph
+    cache."""
     global _wgmma_shared_workspace
     _wgmma_shared_workspace = ws
 
@@ -550,7 +552,7 @@ def _wgmma_workspace(lib, x: Tensor, dev: int, stream: int, m: int, kdim: int, n
         return None
     if _wgmma_shared_workspace is not None:
         return _wgmma_shared_workspace
-    capture = int(lib.kbit_stream_capture_id(stream)) if torch.cuda.is_current_stream_capturing() else 0
+    capture = int(lib.kbit_stream_capture_id(stream))  # x's stream (not the current device's)
     if capture:
         held = _wgmma_graph_workspaces.get((dev, stream))
         if held is not None and held[0] == capture and held[1].numel() >= need:
@@ -560,12 +562,12 @@ def _wgmma_workspace(lib, x: Tensor, dev: int, stream: int, m: int, kdim: int, n
         _wgmma_graph_workspaces[(dev, stream)] = (capture, ws)
         _wgmma_graph_kept.append(ws)
         return ws
-    ws = _wgmma_workspaces.get((dev, stream))
+    ws = _wgmma_workspaces.pop((dev, stream), None)  # re-inserted last: least recently used first
     if ws is None or ws.numel() < need:
         if ws is None and len(_wgmma_workspaces) >= 8:  # streams come and go: keep the latest few
             _wgmma_workspaces.pop(next(iter(_wgmma_workspaces)))
         ws = torch.zeros(need, dtype=torch.uint8, device=x.device)
-        _wgmma_workspaces[(dev, stream)] = ws
+    _wgmma_workspaces[(dev, stream)] = ws
     return ws
 
 
