@@ -42,6 +42,8 @@
 // Preconditions (the launcher returns cudaErrorInvalidValue otherwise; kbit/ops.py checks them
 // before choosing this kernel): N % 8 == 0, K % 8 == 0, x and packed and absmax 16-byte
 // aligned, ldx % 8 == 0.
+#include <cstdio>
+#include <cstdlib>
 #include <cuda.h>  // CUtensorMap (types only: the encoder comes through cudaGetDriverEntryPointByVersion)
 #include <cudaTypedefs.h>
 
@@ -1071,6 +1073,16 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   if (ws.need != nullptr) {
     *ws.need = want_sk ? streamk_bytes(sms, kWgRows * WG, TN) : 0;
     return cudaSuccess;
+  }
+  static const bool trace = std::getenv("KBIT_WG_TRACE") != nullptr;  // experiments: each launch's plan
+  if (trace) {
+    const int* f = fit[solo ? 0 : 1][device];
+    std::fprintf(stderr,
+                 "kbit wgmma: k=%d TN=%d WG=%d wide=%d M=%lld N=%lld K=%lld tiles=%lld %s stages=%d smem=%u "
+                 "splits=%d streamk=%d split_cost=%lld clusters_at_once(S=1..8, 0 unknown)=%d %d %d %d %d %d %d %d\n",
+                 K_BITS, TN, WG, int(W5), (long long)M, (long long)N, (long long)K, (long long)tiles,
+                 solo ? "solo" : "shared", stages, smem, splits, int(want_sk), (long long)plan_cost, f[1], f[2], f[3],
+                 f[4], f[5], f[6], f[7], f[8]);
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = want_sk ? dim3(unsigned(sms))
