@@ -1,0 +1,113 @@
+"""The wgmma stream-K workspace cache (kbit/ops.py: _wgmma_workspace), against a fake native
+library: runs without a GPU. What it must guarantee: calls that may run at once never share a
+workspace (one per (device, stream) eager, one per CUDA-graph capture), a workspace's flags
+start zeroed, a captured workspace is never dropped (a graph's replays keep using it), and
+KBIT_STREAMK=0 / a need of 0 give no workspace at all."""
+
+import pytest
+import torch
+
+from kbit import ops
+
+
+class FakeLib:
+    """kbit_wgmma_workspace_bytes answers `need`; kbit_stream_capture_id answers `capture`."""
+
+    def __init__(self, need: int):
+        self.need = need
+        self.capture = 0
+        self.asked = 0
+
+    def kbit_wgmma_workspace_bytes(self, dev, dtype, m, kdim, n, k, fmt):
+        self.asked += 1
+        return self.need
+
+    def kbit_stream_capture_id(self, stream):
+        return self.capture
+
+
+@pytest.fixture
+def cache(monkeypatch):
+    """Fresh module state for each test."""
+    monkeypatch.setattr(ops, "_wgmma_need", {})
+    monkeypatch.setattr(ops, "_wgmma_workspaces", {})
+    monkeypatch.setattr(ops, "_wgmma_graph_workspaces", {})
+    monkeypatch.setattr(ops, "_wgmma_graph_kept", [])
+    monkeypatch.setattr(ops, "_wgmma_shared_workspace", None)
+    monkeypatch.setattr(ops, "_wgmma_streamk", True)
+    return ops
+
+
+X = torch.empty(1, 8, dtype=torch.float16)
+NEED = ops._FLAG_BYTES + 1000
+
+
+def _ws(lib, stream, m=256):
+    return ops._wgmma_workspace(lib, X, 0, stream, m, 2048, 5120, 4, 0)
+
+
+def test_no_streamk_no_workspace(cache):
+    lib = FakeLib(0)
+    assert _ws(lib, 7) is None
+    assert _ws(lib, 7) is None
+    assert lib.asked == 1  # the answer is cached per shape
+    lib = FakeLib(NEED)
+    cache._wgmma_streamk = False  # KBIT_STREAMK=0
+    assert _ws(lib, 7) is None
+    assert lib.asked == 0
+
+
+def test_eager_one_per_stream_zeroed(cache):
+    lib = FakeLib(NEED)
+    a = _ws(lib, 7)
+    assert a.numel() >= NEED and a.dtype == torch.uint8
+    assert not a[: ops._FLAG_BYTES].any()
+    assert _ws(lib, 7) is a  # calls on one stream run one after another: they share it
+    b = _ws(lib, 8)
+    assert b is not a and b.data_ptr() != a.data_ptr()  # another stream may run at once
+    lib.need = 2 * NEED
+    c = _ws(lib, 7, m=128)  # a larger need on the same stream: a larger zeroed workspace
+    assert c.numel() >= 2 * NEED and not c[: ops._FLAG_BYTES].any()
+    assert _ws(lib, 7, m=128) is c
+
+
+def test_eager_evicts_least_recently_used(cache):
+    lib = FakeLib(NEED)
+    held = {s: _ws(lib, s) for s in range(8)}
+    assert _ws(lib, 0) is held[0]  # stream 0 used again: now the most recent
+    _ws(lib, 100)  # a ninth stream evicts the least recently used, stream 1
+    assert _ws(lib, 0) is held[0]
+    assert _ws(lib, 2) is held[2]
+    assert len(cache._wgmma_workspaces) == 8 and (0, 1) not in cache._wgmma_workspaces
+
+
+def test_captured_workspaces_per_capture_and_kept(cache):
+    lib = FakeLib(NEED)
+    eager = _ws(lib, 7)
+    lib.capture = 11
+    g1 = _ws(lib, 7)
+    assert g1 is not eager  # a graph's replays may run while eager calls do: its own workspace
+    assert not g1[: ops._FLAG_BYTES].any()
+    assert _ws(lib, 7) is g1  # one per capture: its calls run one after another
+    lib.need = 2 * NEED
+    g1b = _ws(lib, 7, m=128)  # grows within the capture: the first stays alive (kept)
+    assert g1b is not g1 and g1b.numel() >= 2 * NEED
+    lib.capture = 12
+    g2 = _ws(lib, 7, m=128)
+    assert g2 is not g1b  # another graph: its own
+    lib.capture = 0
+    assert _ws(lib, 7) is eager  # eager calls keep theirs
+    kept = cache._wgmma_graph_kept
+    assert any(t is g1 for t in kept) and any(t is g1b for t in kept) and any(t is g2 for t in kept)
+
+
+def test_shared_workspace_override(cache):
+    lib = FakeLib(NEED)
+    shared = torch.zeros(NEED, dtype=torch.uint8)
+    cache.use_wgmma_workspace(shared)
+    assert _ws(lib, 7) is shared
+    lib.capture = 3
+    assert _ws(lib, 9) is shared
+    cache.use_wgmma_workspace(None)
+    lib.capture = 0
+    assert _ws(lib, 7) is not shared
