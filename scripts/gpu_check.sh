@@ -2,7 +2,9 @@
 # One device call: library (carried or built: scripts/use_library.sh), full test suite,
 # compute-sanitizer, benchmark, the dispatch table the benchmark measures.
 # Usage (on the device machine, repo root): bash scripts/gpu_check.sh [bench args...]
-# Logs go to $OUT (or ./out). Prints a short summary last.
+# Logs go to $OUT (or ./out): tests.log, bench.log, bench.json, dispatch_table.py and the
+# bench's extra outputs (e.g. --plot $OUT/speedup.png); the other logs packed in logs.tgz.
+# Prints a short summary last.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export CMAKE_BUILD_PARALLEL_LEVEL=16 PYTHONUNBUFFERED=1
@@ -33,5 +35,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 "$OLDPWD/scripts/make_dispatch.py" "$OUT/bench.json" > "$OUT/dispatch_table.py" 2> /dev/null ||
     rm -f "$OUT/dispatch_table.py"
 fi
-grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+# the device call returns at most 8 files from $OUT: keep the results, pack the other logs
+( cd "$OUT" && small=() && for f in info.log test_pdl_*.log sanitizer_*.log bench.err build.log; do
+    [ -f "$f" ] && small+=("$f"); done
+  [ ${#small[@]} -gt 0 ] && tar czf logs.tgz "${small[@]}" && rm -f "${small[@]}" )
+grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -3
 printf '%s\n' "${summary[@]}"
