@@ -84,8 +84,6 @@ def run(args) -> int:
     print(f"PDL mode of gemv, mma and wgmma (KBIT_PDL): {info['pdl']}; "
           + ("every call timed after a 1-element fill_ (its time subtracted)" if args.after_fill
              else "back-to-back calls"))
-    info["streamk"] = kbit.ops._wgmma_streamk  # KBIT_STREAMK (default on)
-    print(f"wgmma stream-K where its split model picks it (KBIT_STREAMK): {'on' if info['streamk'] else 'off'}")
     set_after_fill(args.after_fill)
     result = {"info": info}
     from .ops_suite import warm_up
