@@ -136,6 +136,45 @@ def test_repack_roundtrip_and_tiled_dequantize(device, k, fmt, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_tiled_dequantize_edges(device, k, rng):
+    """tiled64 -> fp16 / bf16 against kbit.reference, on the shapes that the CUDA block-per-lane
+    kernel (16-bit outputs, K % 8 == 0) must cut: rows not a multiple of 16, a missing last
+    block (odd KB), a partial last block (K % 32 == 8, 16, 24), one unit, many units per warp
+    (persistent loop); an output poisoned with NaN first; an output that is not 16-byte
+    aligned (the other kernel). Exact: both sides round the same float32 product once."""
+    shapes = [(1, 8), (7, 64), (17, 40), (33, 200), (16, 1024), (37, 1096), (300, 2112)]
+    for n, kdim in shapes:
+        q = kbit.quantize(random_weight(n, kdim, gen=rng, device=device), k=k)
+        t = kbit.repack(q)
+        for dtype in (torch.float16, torch.bfloat16):
+            want = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), (n, kdim), "flat", 0, dtype)
+            out = torch.full((n, kdim), float("nan"), dtype=dtype, device=device)
+            kbit.dequantize(t, out=out)
+            assert torch.equal(out.cpu(), want), (n, kdim, dtype)
+            # an out at a 2-byte (not 16-byte) offset
+            buf = torch.full((n * kdim + 1,), float("nan"), dtype=dtype, device=device)
+            kbit.dequantize(t, out=buf[1:].view(n, kdim))
+            assert torch.equal(buf[1:].view(n, kdim).cpu(), want), (n, kdim, dtype, "unaligned")
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA device")
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_tiled_dequantize_large(k, rng):
+    """A weight of >= 2^25 values, which takes the CUDA blocks kernel's large-weight
+    instantiation (and, at k = 2, the other kernel), rows not a multiple of its 8-row units:
+    tiled64 against the flat layout's dequantize (compared with kbit.reference in
+    test_quantize_matches_independent), poisoned output, exact."""
+    n, kdim = 4100, 8192
+    q = kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k)
+    t = kbit.repack(q)
+    for dtype in (torch.float16, torch.bfloat16):
+        out = torch.full((n, kdim), float("nan"), dtype=dtype, device="cuda")
+        kbit.dequantize(t, out=out)
+        assert torch.equal(out, kbit.dequantize(q, dtype)), dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dequantize_out_and_poison(device, rng):
     q = kbit.repack(kbit.quantize(random_weight(33, 160, gen=rng, device=device), k=5))
     for dtype in DTYPES:
