@@ -59,8 +59,9 @@ template <int K_BITS> constexpr uint32_t segment_groups() {
 // == 0 and a 16-byte aligned output: used for k where bit k of KBIT_DQ_BLOCKWISE is set,
 // except k = 2 on weights of >= kLargeValues values (there dequantize_kernel's band order is
 // faster). H100, us, cold (NOTES.md, dequantize v9), dequantize_kernel -> blocks kernel with
-// 8-row units: 28672 x 8192 k = 2..5 200 / 222 / 225 / 258 -> 209 / 223 / 227 / 240 (with the
-// carveout below); 5120 x 2048 12.0 / 12.8 / 13.2 / 14.8 -> 10.1 / 10.5 / 10.9 / 12.0.
+// 8-row units and 32 registers: 28672 x 8192 k = 2..5 200 / 222 / 225 / 258 -> 209 / 224 / 229 /
+// 241 (with the carveout below); 5120 x 2048 12.0 / 12.8 / 13.2 / 14.8 -> 10.0 / 10.4 / 10.8 /
+// 11.2.
 #ifndef KBIT_DQ_BLOCKWISE
 #define KBIT_DQ_BLOCKWISE 0x3c
 #endif
