@@ -838,6 +838,7 @@ struct Workspace {
   void* ptr;
   int64_t bytes;
   int64_t* need;
+  int64_t* cost = nullptr;  // dry query of the split model's cost (launch_bits' TN = 32 rule)
 };
 constexpr int64_t kFlagBytes = 4 * 1024;  // flags of up to 1024 CTAs
 inline int64_t streamk_bytes(int ctas, int rows, int tn) {
@@ -1070,8 +1071,9 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   }
   if (stages == 0) return cudaErrorInvalidValue;
   if (splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
-  if (ws.need != nullptr) {
-    *ws.need = want_sk ? streamk_bytes(sms, kWgRows * WG, TN) : 0;
+  if (ws.need != nullptr || ws.cost != nullptr) {  // a dry query: nothing launches
+    if (ws.need != nullptr) *ws.need = want_sk ? streamk_bytes(sms, kWgRows * WG, TN) : 0;
+    if (ws.cost != nullptr) *ws.cost = want_sk ? ceil_div(tiles * kt, sms) + sk_overhead : plan_cost;
     return cudaSuccess;
   }
   static const bool trace = std::getenv("KBIT_WG_TRACE") != nullptr;  // experiments: each launch's plan
@@ -1127,6 +1129,18 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
   const bool sk = K_BITS >= 4 && (ws.ptr != nullptr || ws.need != nullptr);
   int tn, wg;
   choose(M, N, K, sk, tn, wg, sms);
+  if (tn == 32 && wg == 1 && forced_tn() == 0 && forced_wg() == 0 && splits == 0) {
+    // M <= 32: two warpgroups (128-row tiles) where the split model costs them below 0.6 x
+    // one warpgroup's. Gateup (5120 x 2048) at k = 4: 2 CTAs of the 64 KB-table kernel per SM
+    // fit 79 3-way clusters of its 80 64-row tiles, so WG = 1 splits 2 ways (cost 20, 10.7 us)
+    // while 40 128-row tiles split 5 ways in one wave (cost 11, 9.1 us); down, O, KV were
+    // slower with WG = 2 and cost it above 0.6 x (NOTES.md v23, v26).
+    int64_t need = 0, c1 = -1, c2 = -1;
+    int64_t* np = sk ? &need : nullptr;  // the same stream-K option as the launch
+    if (run(32, 1, Workspace{nullptr, 0, np, &c1}) == cudaSuccess &&
+        run(32, 2, Workspace{nullptr, 0, np, &c2}) == cudaSuccess && c1 > 0 && c2 > 0 && 10 * c2 < 6 * c1)
+      wg = 2;
+  }
   if (sk && ws.need == nullptr) {
     // choose() may have taken a tile only for stream-K's sake: where launch_cfg would then not
     // run stream-K (its cost model, a workspace too small), the tile it picks without one
