@@ -894,7 +894,8 @@ bool wgmma_capable(int device) {
 }
 
 // (TN, WG) of a call. Up to M = 128 the token tile TN covers M (wgmma N: 32..128) with one
-// warpgroup (two once the tiles fill the SMs twice). At M = 193..256: TN = 256 with one
+// warpgroup (two once the tiles fill the SMs twice; at TN = 32 launch_bits may also take two,
+// by the split model's cost). At M = 193..256: TN = 256 with one
 // warpgroup where its 64-row tiles make 0.45 .. 1 wave (NOTES.md v19). Else TN = 256 with 2
 // warpgroups where that makes 0.3+ tiles per SM, else TN = 128 with 2 warpgroups from 0.44
 // tiles per SM on, else 1. From H100 sweeps at k = 4 and 5 (NOTES.md v13), e.g. us at M = 256 /
