@@ -139,11 +139,14 @@ def test_repack_roundtrip_and_tiled_dequantize(device, k, fmt, rng):
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 def test_tiled_dequantize_edges(device, k, rng):
     """tiled64 -> fp16 / bf16 against kbit.reference, on the shapes that the CUDA block-per-lane
-    kernel (16-bit outputs, K % 8 == 0) must cut: rows not a multiple of 16, a missing last
-    block (odd KB), a partial last block (K % 32 == 8, 16, 24), one unit, many units per warp
-    (persistent loop); an output poisoned with NaN first; an output that is not 16-byte
-    aligned (the other kernel). Exact: both sides round the same float32 product once."""
+    kernel (16-bit outputs, K % 8 == 0) must cut: rows not a multiple of 8, a missing last
+    block (odd KB), a partial last block (K % 32 == 8, 16, 24), one unit, several warps per
+    band, a per-tensor power of two; the output poisoned with NaN first, with poisoned guard
+    elements after it (a store past row N - 1 or column K - 1 of the last row shows there); an
+    output that is not 16-byte aligned (the other kernel), with a guard element before it.
+    Exact: both sides round the same float32 product once."""
     shapes = [(1, 8), (7, 64), (17, 40), (33, 200), (16, 1024), (37, 1096), (300, 2112)]
+    guard = 64
     for n, kdim in shapes:
         # (37, 1096) scaled past E4M4's range: a per-tensor power of two (absmax_exponent > 0)
         scale = 1e3 if (n, kdim) == (37, 1096) else 1.0
@@ -152,29 +155,33 @@ def test_tiled_dequantize_edges(device, k, rng):
         t = kbit.repack(q)
         for dtype in (torch.float16, torch.bfloat16):
             want = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), (n, kdim), "flat", q.absmax_exponent, dtype)
-            out = torch.full((n, kdim), float("nan"), dtype=dtype, device=device)
-            kbit.dequantize(t, out=out)
-            assert torch.equal(out.cpu(), want), (n, kdim, dtype)
+            buf = torch.full((n * kdim + guard,), float("nan"), dtype=dtype, device=device)
+            kbit.dequantize(t, out=buf[: n * kdim].view(n, kdim))
+            assert torch.equal(buf[: n * kdim].view(n, kdim).cpu(), want), (n, kdim, dtype)
+            assert buf[n * kdim:].isnan().all(), (n, kdim, dtype, "written past the end")
             # an out at a 2-byte (not 16-byte) offset
-            buf = torch.full((n * kdim + 1,), float("nan"), dtype=dtype, device=device)
-            kbit.dequantize(t, out=buf[1:].view(n, kdim))
-            assert torch.equal(buf[1:].view(n, kdim).cpu(), want), (n, kdim, dtype, "unaligned")
+            buf = torch.full((n * kdim + 1 + guard,), float("nan"), dtype=dtype, device=device)
+            kbit.dequantize(t, out=buf[1: 1 + n * kdim].view(n, kdim))
+            assert torch.equal(buf[1: 1 + n * kdim].view(n, kdim).cpu(), want), (n, kdim, dtype, "unaligned")
+            assert buf[0].isnan() and buf[1 + n * kdim:].isnan().all(), (n, kdim, dtype, "unaligned, outside")
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 def test_tiled_dequantize_large(k, rng):
-    """A weight of >= 2^25 values, which takes the CUDA blocks kernel's large-weight
-    instantiation (and, at k = 2, the other kernel), rows not a multiple of its 8-row units:
-    tiled64 against the flat layout's dequantize (compared with kbit.reference in
-    test_quantize_matches_independent), poisoned output, exact."""
-    n, kdim = 4100, 8192
-    q = kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k)
-    t = kbit.repack(q)
-    for dtype in (torch.float16, torch.bfloat16):
-        out = torch.full((n, kdim), float("nan"), dtype=dtype, device="cuda")
-        kbit.dequantize(t, out=out)
-        assert torch.equal(out, kbit.dequantize(q, dtype)), dtype
+    """Weights with more units than an H100 has warps, so that warps loop (the persistent
+    grid): 2056 x 8192 (< 2^25 values: the blocks kernel's small-weight instantiation) and
+    4100 x 8192 (>= 2^25: the large-weight one, and at k = 2 the other kernel); rows not a
+    multiple of the 8-row units. tiled64 against the flat layout's dequantize (compared with
+    kbit.reference in test_quantize_matches_independent); poisoned output and guard; exact."""
+    for n, kdim in [(2056, 8192), (4100, 8192)]:
+        q = kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k)
+        t = kbit.repack(q)
+        for dtype in (torch.float16, torch.bfloat16):
+            buf = torch.full((n * kdim + 64,), float("nan"), dtype=dtype, device="cuda")
+            kbit.dequantize(t, out=buf[: n * kdim].view(n, kdim))
+            assert torch.equal(buf[: n * kdim].view(n, kdim), kbit.dequantize(q, dtype)), (n, dtype)
+            assert buf[n * kdim:].isnan().all(), (n, dtype, "written past the end")
 
 
 @pytest.mark.parametrize("device", DEVICES)
