@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# A/B of dequantize libraries in one device call: for each library given (built here with
-# scripts/build_variant.sh and carried), the dequantize tests, then `kbit bench --suite ops`
+# A/B of dequantize libraries in one device call: for each library given, the dequantize
+# tests, then `kbit bench --suite ops`
 # on $SHAPES (default big,gateup,down) for every library in turn, $ROUNDS rounds (default 2),
 # alternating. Prints each run's dequantize lines and the fp16 GEMV reference; logs in
 # $OUT/logs.tgz.
 # Usage (device, repo root): [SHAPES=..] [ROUNDS=..] bash scripts/dq_ab.sh name=lib.so ...
+# Whole libraries (~42 MB each) overflow the 64 MiB carry past one: carry the objects instead
+# (here: the other csrc/*.cu compiled once with scripts/build_variant.sh's flags, plus one
+# dequantize.o per variant, all in .carry/objs) and link each variant on the device first:
+#   nvcc -shared -arch=sm_90a .carry/objs/[a-cg-z]*.o .carry/objs/dq_NAME.o -o .carry/dq_NAME.so -cudart static
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD

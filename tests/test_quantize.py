@@ -135,6 +135,18 @@ def test_repack_roundtrip_and_tiled_dequantize(device, k, fmt, rng):
             assert torch.equal(kbit.dequantize(t, dtype), kbit.dequantize(q, dtype))
 
 
+def _dequantize_guarded(t, dtype, device, offset, guard=64):
+    """kbit.dequantize(t, out=...) into a NaN-poisoned buffer, `offset` elements into it
+    (1: not 16-byte aligned), with `guard` poisoned elements after the output; asserts the
+    elements outside the output stayed NaN and returns the output."""
+    n, kdim = t.shape
+    buf = torch.full((offset + n * kdim + guard,), float("nan"), dtype=dtype, device=device)
+    out = buf[offset: offset + n * kdim].view(n, kdim)
+    kbit.dequantize(t, out=out)
+    assert buf[:offset].isnan().all() and buf[offset + n * kdim:].isnan().all(), (n, kdim, dtype, "written outside")
+    return out
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 def test_tiled_dequantize_edges(device, k, rng):
@@ -146,7 +158,6 @@ def test_tiled_dequantize_edges(device, k, rng):
     output that is not 16-byte aligned (the other kernel), with a guard element before it.
     Exact: both sides round the same float32 product once."""
     shapes = [(1, 8), (7, 64), (17, 40), (33, 200), (16, 1024), (37, 1096), (300, 2112)]
-    guard = 64
     for n, kdim in shapes:
         # (37, 1096) scaled past E4M4's range: a per-tensor power of two (absmax_exponent > 0)
         scale = 1e3 if (n, kdim) == (37, 1096) else 1.0
@@ -155,15 +166,11 @@ def test_tiled_dequantize_edges(device, k, rng):
         t = kbit.repack(q)
         for dtype in (torch.float16, torch.bfloat16):
             want = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), (n, kdim), "flat", q.absmax_exponent, dtype)
-            buf = torch.full((n * kdim + guard,), float("nan"), dtype=dtype, device=device)
-            kbit.dequantize(t, out=buf[: n * kdim].view(n, kdim))
-            assert torch.equal(buf[: n * kdim].view(n, kdim).cpu(), want), (n, kdim, dtype)
-            assert buf[n * kdim:].isnan().all(), (n, kdim, dtype, "written past the end")
+            got = _dequantize_guarded(t, dtype, device, offset=0)
+            assert torch.equal(got.cpu(), want), (n, kdim, dtype)
             # an out at a 2-byte (not 16-byte) offset
-            buf = torch.full((n * kdim + 1 + guard,), float("nan"), dtype=dtype, device=device)
-            kbit.dequantize(t, out=buf[1: 1 + n * kdim].view(n, kdim))
-            assert torch.equal(buf[1: 1 + n * kdim].view(n, kdim).cpu(), want), (n, kdim, dtype, "unaligned")
-            assert buf[0].isnan() and buf[1 + n * kdim:].isnan().all(), (n, kdim, dtype, "unaligned, outside")
+            got = _dequantize_guarded(t, dtype, device, offset=1)
+            assert torch.equal(got.cpu(), want), (n, kdim, dtype, "unaligned")
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device")
@@ -178,10 +185,8 @@ def test_tiled_dequantize_large(k, rng):
         q = kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k)
         t = kbit.repack(q)
         for dtype in (torch.float16, torch.bfloat16):
-            buf = torch.full((n * kdim + 64,), float("nan"), dtype=dtype, device="cuda")
-            kbit.dequantize(t, out=buf[: n * kdim].view(n, kdim))
-            assert torch.equal(buf[: n * kdim].view(n, kdim), kbit.dequantize(q, dtype)), (n, dtype)
-            assert buf[n * kdim:].isnan().all(), (n, dtype, "written past the end")
+            got = _dequantize_guarded(t, dtype, "cuda", offset=0)
+            assert torch.equal(got, kbit.dequantize(q, dtype)), (n, dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
