@@ -76,10 +76,6 @@ template <int K_BITS> constexpr uint32_t segment_groups() {
 // one without (5120 x 2048: the carveout cost 0.3-1.2 us). The crossover between 10.5M and
 // 235M values was not measured.
 constexpr int64_t kLargeValues = int64_t(1) << 25;
-#ifndef KBIT_DQ_PASS
-#define KBIT_DQ_PASS 1
-#endif
-constexpr int kPass = KBIT_DQ_PASS;  // units a warp loads before decoding (2: slower on small weights, NOTES.md dequantize v9)
 #ifndef KBIT_DQ_MINB
 #define KBIT_DQ_MINB 8  // __launch_bounds__ min blocks of the blocks kernel: 32 registers (NOTES.md dequantize v9)
 #endif
@@ -204,51 +200,38 @@ __global__ void __launch_bounds__(kThreads, KBIT_DQ_MINB) dequantize_blocks_kern
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint4* st = stage[warp];
   const uint32_t r = lane / (32 / kUnitRows), b = lane % (32 / kUnitRows);
-  // kPass units per pass of the loop: their loads are all issued before the first decode
-  for (uint32_t v = blockIdx.x * kWarps + warp; v * kPass < units; v += gridDim.x * kWarps) {
-    uint32_t w[kPass][K_BITS], sbits[kPass], band[kPass], kg[kPass];
-    bool ok[kPass];
+  // one unit per pass (2 units with both loads first: slower on small weights, NOTES.md
+  // dequantize v9)
+  for (uint32_t u = blockIdx.x * kWarps + warp; u < units; u += gridDim.x * kWarps) {
+    const uint32_t band = group_div.div(u), kg = u - band * group_div.d;
+    const uint32_t n = band * kUnitRows + r, kt = kg * kUnitKt + (b >> 1);
+    if (n < N && kt < KT) {
+      const int64_t bi = block_index(KBIT_LAYOUT_TILED64, n, 2 * int64_t(kt) + (b & 1), N, 2 * int64_t(KT));
+      uint32_t w[K_BITS];
+      load_words<K_BITS>(w, packed + bi * K_BITS);
+      const float scale = load_absmax(absmax, absmax_format, bi) * shift_up;
 #pragma unroll
-    for (int p = 0; p < kPass; p++) {
-      const uint32_t u = v * kPass + p;
-      band[p] = group_div.div(u);
-      kg[p] = u - band[p] * group_div.d;
-      const uint32_t n = band[p] * kUnitRows + r, kt = kg[p] * kUnitKt + (b >> 1);
-      ok[p] = u < units && n < N && kt < KT;
-      if (ok[p]) {
-        const size_t bi = (size_t(kt) * N + n) * kTileBlocks + (b & 1);
-        load_words<K_BITS>(w[p], packed + bi * K_BITS);
-        sbits[p] = load_absmax_bits(absmax, absmax_format, bi);
+      for (int q = 0; q < 4; q++) {
+        uint32_t bytes[K_BITS];
+#pragma unroll
+        for (int i = 0; i < K_BITS; i++) bytes[i] = w[i] >> (8 * q);
+        T vals[8];
+        group_values<T, K_BITS>(bytes, scale, cb_bytes, spread, vals);
+        const int c = 4 * lane + q;
+        st[c ^ ((c >> 3) & 7)] = *reinterpret_cast<const uint4*>(vals);
       }
     }
+    __syncwarp();
 #pragma unroll
-    for (int p = 0; p < kPass; p++) {
-      if (v * kPass + p >= units) break;  // warp-uniform
-      if (ok[p]) {
-        const float scale = absmax_of_bits(sbits[p], absmax_format) * shift_up;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-          uint32_t bytes[K_BITS];
-#pragma unroll
-          for (int i = 0; i < K_BITS; i++) bytes[i] = w[p][i] >> (8 * q);
-          T vals[8];
-          group_values<T, K_BITS>(bytes, scale, cb_bytes, spread, vals);
-          const int c = 4 * lane + q;
-          st[c ^ ((c >> 3) & 7)] = *reinterpret_cast<const uint4*>(vals);
-        }
-      }
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int c = lane + 32 * i;
-        const uint32_t row = band[p] * kUnitRows + c / kChunksPerRow;
-        const int64_t col = int64_t(kg[p]) * kUnitKt * 64 + (c % kChunksPerRow) * 8;
-        // chunks of rows >= N or columns >= K (a missing k-tile, the tail of a partial block)
-        // were not decoded, or decode padding: never stored
-        if (row < N && col < K) *reinterpret_cast<uint4*>(out + int64_t(row) * K + col) = st[c ^ ((c >> 3) & 7)];
-      }
-      __syncwarp();
+    for (int i = 0; i < 4; i++) {
+      const int c = lane + 32 * i;
+      const uint32_t row = band * kUnitRows + c / kChunksPerRow;
+      const int64_t col = int64_t(kg) * kUnitKt * 64 + (c % kChunksPerRow) * 8;
+      // chunks of rows >= N or columns >= K (a missing k-tile, the tail of a partial block)
+      // were not decoded, or decode padding: never stored
+      if (row < N && col < K) *reinterpret_cast<uint4*>(out + int64_t(row) * K + col) = st[c ^ ((c >> 3) & 7)];
     }
+    __syncwarp();
   }
 }
 
@@ -276,10 +259,11 @@ cudaError_t launch_typed(cudaStream_t stream, const int32_t* packed, const void*
     if (vec && !flat && !(K_BITS == 2 && large)) {
       const int64_t KT = ceil_div(KB, kTileBlocks), groups = ceil_div(KT, kUnitKt);
       const int64_t units = ceil_div(N, kUnitRows) * groups;
-      if (units >= (int64_t(1) << 32) - 2048 || N >= (int64_t(1) << 32)) return cudaErrorInvalidValue;
+      // (< 2^31: the loop index v may pass `units` by a grid of warps without wrapping)
+      if (units >= (int64_t(1) << 31) || N >= (int64_t(1) << 32)) return cudaErrorInvalidValue;
       const FastDivmod group_div{uint32_t(groups)};
       auto launch = [&](auto kernel, int occupancy) {
-        kernel<<<persistent_grid(occupancy, ceil_div(ceil_div(units, kPass), kThreads / 32)), kThreads, 0, stream>>>(
+        kernel<<<persistent_grid(occupancy, ceil_div(units, kThreads / 32)), kThreads, 0, stream>>>(
             packed, absmax, fmt, codebook, uint32_t(N), K, uint32_t(KT), shift_up, group_div, uint32_t(units), o);
         return cudaGetLastError();
       };

@@ -276,6 +276,24 @@ __device__ __forceinline__ int value_index(uint32_t e, int h) {
   return v;
 }
 
+// Split partial tiles travel as fp16 scaled by 2^-e (stream-K and the cluster split-K):
+// e maps the largest |partial| mx to [2^14, 2^15), so nothing overflows and small tiles keep
+// fp16's precision (not its subnormals); e = 0 when mx is not finite, so that Inf and NaN
+// pass on; clamped so that 2^-e and 2^e are normal floats.
+__device__ __forceinline__ int partial_exponent(float mx) {
+  return isfinite(mx) ? min(113, max(-100, int((__float_as_uint(mx) >> 23) & 0xffu) - 127 - 14)) : 0;
+}
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(uint32_t(127 + e) << 23); }
+// v[0..7] += the 8 halves packed in w * up
+__device__ __forceinline__ void add_scaled_halves(float* v, const uint32_t (&w)[4], float up) {
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+    v[2 * j] = fmaf(f.x, up, v[2 * j]);
+    v[2 * j + 1] = fmaf(f.y, up, v[2 * j + 1]);
+  }
+}
+
 template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
 __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
@@ -620,8 +638,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
         float mx = 0.f;
 #pragma unroll
         for (int i = 0; i < TN / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
-        const int ex = isfinite(mx) ? min(113, max(-100, int((__float_as_uint(mx) >> 23) & 0xffu) - 127 - 14)) : 0;
-        const float down = __uint_as_float(uint32_t(127 - ex) << 23);
+        const int ex = partial_exponent(mx);
+        const float down = pow2f(-ex);
         uint4* const dst = sk_parts + size_t(blockIdx.x) * kItems * kThreads;
 #pragma unroll
         for (int i = 0; i < kItems; i++)
@@ -647,18 +665,13 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
             sk_flags[b] = 0u;  // ready for the next call (each slot has one reader)
           }
           consumer_sync<kThreads>();
-          const float up = __uint_as_float(uint32_t(127 + __ldcg(sk_exps + size_t(b) * kThreads + tid)) << 23);
+          const float up = pow2f(__ldcg(sk_exps + size_t(b) * kThreads + tid));
           const uint4* const src = sk_parts + size_t(b) * kItems * kThreads;
 #pragma unroll
           for (int i = 0; i < kItems; i++) {
             const uint4 v = __ldcg(src + i * kThreads + tid);
             const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-              const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-              acc[8 * i + 2 * j] = fmaf(f.x, up, acc[8 * i + 2 * j]);
-              acc[8 * i + 2 * j + 1] = fmaf(f.y, up, acc[8 * i + 2 * j + 1]);
-            }
+            add_scaled_halves(acc + 8 * i, w, up);
           }
         }
       }
@@ -746,10 +759,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     consumer_sync<kThreads>();
 #pragma unroll
     for (int w = 0; w < WG * 4; w++) mx = fmaxf(mx, warp_max[w]);
-    // the largest |partial| maps to [2^14, 2^15): no overflow, and small tiles keep fp16's
-    // precision (not its subnormals)
-    const int ex = isfinite(mx) ? min(113, max(-100, int((__float_as_uint(mx) >> 23) & 0xffu) - 127 - 14)) : 0;
-    const float down = __uint_as_float(uint32_t(127 - ex) << 23);
+    const int ex = partial_exponent(mx);  // per CTA
+    const float down = pow2f(-ex);
     if (tid == 0) *reinterpret_cast<int*>(gen + red_exp) = ex;
     __half* const red = reinterpret_cast<__half*>(gen + lay.red);
 #pragma unroll
@@ -768,7 +779,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   float up[kMaxSplits];  // 2^e of every CTA of the cluster
 #pragma unroll
   for (int r = 0; r < kMaxSplits; r++)
-    if (r < splits) up[r] = __uint_as_float(uint32_t(127 + int(ld_cluster_u32(red_exp, uint32_t(r)))) << 23);
+    if (r < splits) up[r] = pow2f(int(ld_cluster_u32(red_exp, uint32_t(r))));
   for (int u = tid; u < my_tokens * (S::rows / 8); u += kReducers) {
     const int t = z + (u / (S::rows / 8)) * splits, q = u % (S::rows / 8);
     const int tok = m0 + t, n = n0 + 8 * q;
@@ -792,12 +803,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
       if (r < splits) {
         const uint32_t w[4] = {__float_as_uint(part[r].x), __float_as_uint(part[r].y), __float_as_uint(part[r].z),
                                __float_as_uint(part[r].w)};
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-          v[2 * j] = fmaf(f.x, up[r], v[2 * j]);
-          v[2 * j + 1] = fmaf(f.y, up[r], v[2 * j + 1]);
-        }
+        add_scaled_halves(v, w, up[r]);
       }
     uint32_t o[4];
 #pragma unroll
@@ -1127,26 +1133,32 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
     KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2) KBIT_WG_CASE(256, 2)
     return cudaErrorInvalidValue;
   };
-  const bool sk = K_BITS >= 4 && (ws.ptr != nullptr || ws.need != nullptr);
+  const bool has_ws = ws.ptr != nullptr || ws.need != nullptr;
+  const bool sk = K_BITS >= 4 && has_ws;
+  // The tile of a launch with or without a stream-K workspace: choose(), then at TN = 32 two
+  // warpgroups (128-row tiles) where the split model costs them below 0.6 x one warpgroup's.
+  // Gateup (5120 x 2048) at k = 4: 2 CTAs of the 64 KB-table kernel per SM fit 79 3-way
+  // clusters of its 80 64-row tiles, so WG = 1 splits 2 ways (cost 20, 10.7 us) while 40
+  // 128-row tiles split 5 ways in one wave (cost 11, 9.1 us); down, O, KV were slower with
+  // WG = 2 and cost it above 0.6 x (NOTES.md v23, v26). The cost queries model stream-K
+  // exactly when the launch has a workspace (launch_cfg considers it at every k).
+  auto pick = [&](bool with_ws, int& tn, int& wg) {
+    choose(M, N, K, with_ws && K_BITS >= 4, tn, wg, sms);
+    if (tn == 32 && wg == 1 && forced_tn() == 0 && forced_wg() == 0 && splits == 0) {
+      int64_t need = 0, c1 = -1, c2 = -1;
+      int64_t* np = with_ws ? &need : nullptr;
+      if (run(32, 1, Workspace{nullptr, 0, np, &c1}) == cudaSuccess &&
+          run(32, 2, Workspace{nullptr, 0, np, &c2}) == cudaSuccess && c1 > 0 && c2 > 0 && 10 * c2 < 6 * c1)
+        wg = 2;
+    }
+  };
   int tn, wg;
-  choose(M, N, K, sk, tn, wg, sms);
-  if (tn == 32 && wg == 1 && forced_tn() == 0 && forced_wg() == 0 && splits == 0) {
-    // M <= 32: two warpgroups (128-row tiles) where the split model costs them below 0.6 x
-    // one warpgroup's. Gateup (5120 x 2048) at k = 4: 2 CTAs of the 64 KB-table kernel per SM
-    // fit 79 3-way clusters of its 80 64-row tiles, so WG = 1 splits 2 ways (cost 20, 10.7 us)
-    // while 40 128-row tiles split 5 ways in one wave (cost 11, 9.1 us); down, O, KV were
-    // slower with WG = 2 and cost it above 0.6 x (NOTES.md v23, v26).
-    int64_t need = 0, c1 = -1, c2 = -1;
-    int64_t* np = sk ? &need : nullptr;  // the same stream-K option as the launch
-    if (run(32, 1, Workspace{nullptr, 0, np, &c1}) == cudaSuccess &&
-        run(32, 2, Workspace{nullptr, 0, np, &c2}) == cudaSuccess && c1 > 0 && c2 > 0 && 10 * c2 < 6 * c1)
-      wg = 2;
-  }
+  pick(has_ws, tn, wg);
   if (sk && ws.need == nullptr) {
-    // choose() may have taken a tile only for stream-K's sake: where launch_cfg would then not
-    // run stream-K (its cost model, a workspace too small), the tile it picks without one
+    // the tile may have been taken only for stream-K's sake: where launch_cfg would then not
+    // run stream-K (its cost model, a workspace too small), the tile picked without one
     int tn0, wg0;
-    choose(M, N, K, false, tn0, wg0, sms);
+    pick(false, tn0, wg0);
     if (tn0 != tn || wg0 != wg) {
       int64_t need = 0;
       if (run(tn, wg, Workspace{nullptr, 0, &need}) != cudaSuccess || need == 0 || need > ws.bytes) {
