@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# A/B of kbit libraries on the linear suite in one device call: `kbit bench --suite linear`
+# with $BENCH_ARGS (default --m 1,4,8,16 --k 4,5) for every library in turn, $ROUNDS rounds
+# (default 2), alternating; then one table per M of each kernel column, library by library
+# (scripts/lib_ab_table.py). Optionally $TESTS (pytest args, e.g. tests/test_linear.py) run
+# first for each library. Logs in $OUT/logs.tgz.
+# Carry objects, not whole libraries (~42 MB each; the carry holds 64 MiB): the unchanged
+# csrc objects once plus one object per variant in .carry/objs, linked here first, e.g.
+#   nvcc -shared -arch=sm_90a .carry/objs/{api,gemv,quantize,repack,wgmma,dequantize}.o \
+#        .carry/objs/mma_NAME.o -o .carry/NAME.so -cudart static
+# Usage (device, repo root): [ROUNDS=..] [BENCH_ARGS=..] [TESTS=..] bash scripts/lib_ab.sh name=lib.so ...
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+repo=$PWD
+summary=()
+cd /tmp
+if [ -n "${TESTS:-}" ]; then
+  for spec in "$@"; do
+    name=${spec%%=*}; lib=$repo/${spec#*=}
+    # shellcheck disable=SC2086
+    (cd "$repo" && KBIT_LIBRARY=$lib timeout 300 python3 -m pytest -q -p no:cacheprovider $TESTS) > "$OUT/tests_$name.log" 2>&1
+    summary+=("tests $name: $(tail -1 "$OUT/tests_$name.log")")
+  done
+fi
+jsons=()
+for round in $(seq ${ROUNDS:-2}); do
+  for spec in "$@"; do
+    name=${spec%%=*}; lib=$repo/${spec#*=}
+    # shellcheck disable=SC2086
+    KBIT_LIBRARY=$lib timeout 200 python3 -m kbit.cli bench --suite linear ${BENCH_ARGS:---m 1,4,8,16 --k 4,5} \
+      --json "$OUT/${name}_$round.json" > "$OUT/${name}_$round.txt" 2>&1
+    summary+=("bench $name round $round: rc $?")
+    jsons+=("$name=$OUT/${name}_$round.json")
+  done
+done
+python3 "$repo/scripts/lib_ab_table.py" "${jsons[@]}"
+tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls) && find "$OUT" -type f ! -name logs.tgz -delete
+printf '%s\n' "${summary[@]}"
