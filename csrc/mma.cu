@@ -415,9 +415,24 @@ __device__ __forceinline__ void mma_body(
   // rows x 4 c, 16 distinct 8-byte bank slots (rows are 32 bytes apart mod 128); numbered
   // with t outside m, the 4 t of a warp hit the same slots (4-way store conflicts).
   constexpr int cmask = (1 << K_BITS) - 1;
-  const int units = M * lsteps * 8;
-  auto fetch_x = [&](int unit, T (&v)[16]) {
-    const int t = unit / (M * 8), rest = unit - t * M * 8, m = rest >> 3;
+  // A thread's units are threadIdx.x + i * kThreads: (step t, rest = unit % (M * 8)) advanced
+  // without a division per unit (XUnit, next_unit).
+  struct XUnit {
+    int t, rest;
+  };
+  const int unit_step = M * 8;
+  const int dt = kThreads / unit_step, dr = kThreads - dt * unit_step;
+  const XUnit xu0{int(threadIdx.x) / unit_step, int(threadIdx.x) - int(threadIdx.x) / unit_step * unit_step};
+  auto next_unit = [&](XUnit& u) {
+    u.t += dt;
+    u.rest += dr;
+    if (u.rest >= unit_step) {
+      u.rest -= unit_step;
+      u.t++;
+    }
+  };
+  auto fetch_x = [&](const XUnit& u, T (&v)[16]) {
+    const int t = u.t, rest = u.rest, m = rest >> 3;
     const int k0 = (step0 + t) * kStepK + 32 * ((rest >> 1) & 3) + 16 * (rest & 1);
     const T* src = x + m * ldx + k0;
     if (vec_x && k0 + 16 <= K) {
@@ -432,8 +447,8 @@ __device__ __forceinline__ void mma_body(
       for (int q = 0; q < 16; q++) v[q] = k0 + q < K ? src[q] : from_float<T>(0.f);
     }
   };
-  auto stage_x = [&](int unit, const T (&v)[16]) {
-    const int t = unit / (M * 8), rest = unit - t * M * 8;
+  auto stage_x = [&](const XUnit& u, const T (&v)[16]) {
+    const int t = u.t, rest = u.rest;
     const int m = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
     T* dst = x_at(m);
 #pragma unroll
@@ -555,7 +570,7 @@ __device__ __forceinline__ void mma_body(
   }
   const float cb_lane = codebook[lane & cmask];
   T x0[16];
-  if (int(threadIdx.x) < units) fetch_x(threadIdx.x, x0);
+  if (xu0.t < lsteps) fetch_x(xu0, x0);
   KBIT_MMA_MARK(6, 0u);
   KBIT_MMA_MARK(7, 0u);
   if constexpr (BULK) {
@@ -609,11 +624,12 @@ __device__ __forceinline__ void mma_body(
     }
   }
   if (FMT == KBIT_ABSMAX_E4M4) fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(scales), threadIdx.x, kThreads);
-  if (int(threadIdx.x) < units) stage_x(threadIdx.x, x0);
-  for (int unit = threadIdx.x + kThreads; unit < units; unit += kThreads) {
+  if (xu0.t < lsteps) stage_x(xu0, x0);
+  XUnit xu = xu0;
+  for (next_unit(xu); xu.t < lsteps; next_unit(xu)) {
     T v[16];
-    fetch_x(unit, v);
-    stage_x(unit, v);
+    fetch_x(xu, v);
+    stage_x(xu, v);
   }
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
   for (int i = threadIdx.x; i < rg_per_cta * M * kAccStride; i += kThreads) acc_s[i] = 0.f;
