@@ -5,6 +5,8 @@
 // Modes (each CTA owns bytes [cta * S / ctas, (cta + 1) * S / ctas)):
 //   ldg   : every thread loads 16-byte words of the CTA's range, all loads of a thread issued
 //           before any is used (U in flight per thread, then the next U)
+//   ldg U8 max carveout: the same with U = 8 from a kernel holding 0 / 64 / 128 / 200 KB of
+//           unused dynamic shared memory (the piece column) at the largest shared carveout
 //   bulk  : thread 0 issues bulk copies of `piece` bytes into shared memory at entry (the
 //           whole range must fit), all threads wait on one mbarrier, then read shared memory
 //   strided: as bulk, but the range is `pieces` pieces of S / ctas / pieces bytes spread over
@@ -23,8 +25,8 @@
 using namespace kbit;
 
 template <int U>
-__global__ void __launch_bounds__(512) ldg_stream(const uint4* __restrict__ w, size_t vec_per_cta,
-                                                  uint32_t* __restrict__ out) {
+__device__ __forceinline__ void ldg_stream_body(const uint4* __restrict__ w, size_t vec_per_cta,
+                                                uint32_t* __restrict__ out) {
   const uint4* p = w + blockIdx.x * vec_per_cta;
   uint32_t acc = 0;
   for (size_t i = threadIdx.x; i < vec_per_cta; i += size_t(blockDim.x) * U) {
@@ -38,6 +40,20 @@ __global__ void __launch_bounds__(512) ldg_stream(const uint4* __restrict__ w, s
     for (int u = 0; u < U; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+template <int U>
+__global__ void __launch_bounds__(512) ldg_stream(const uint4* __restrict__ w, size_t vec_per_cta,
+                                                  uint32_t* __restrict__ out) {
+  ldg_stream_body<U>(w, vec_per_cta, out);
+}
+// The same loads from a kernel launched with a large unused dynamic shared-memory allocation
+// and the largest shared carveout: L1 keeps only what shared memory leaves (256 KB - carveout),
+// as in mma / wgmma, whose loads return through that L1. If the bytes a SM can have in flight
+// are bounded by it, this mode is slower than "ldg U8" (the session-22 hypothesis for why mma's
+// first weights arrive ~2 us after issue: NOTES.md v27).
+__global__ void __launch_bounds__(512) ldg_stream_smem(const uint4* __restrict__ w, size_t vec_per_cta,
+                                                       uint32_t* __restrict__ out) {
+  ldg_stream_body<8>(w, vec_per_cta, out);
 }
 
 // piece j of CTA c at c * cta_stride + j * stride.
@@ -80,6 +96,8 @@ int main() {
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
   CK(cudaFuncSetAttribute(bulk_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(ldg_stream_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+  CK(cudaFuncSetAttribute(ldg_stream_smem, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   printf("tiny kernel (1 block x 32): %.2f us\n",
          graph_us([&](int, cudaStream_t s) { tiny<<<1, 32, 0, s>>>(out); }, 1, st));
   printf("tiny kernel (%d blocks x 512): %.2f us\n", sms,
@@ -106,6 +124,13 @@ int main() {
         ldg_stream<8><<<sms, threads, 0, s>>>(reinterpret_cast<const uint4*>(addr(i)), per_cta / 16, out);
       }, nv, st);
       report("ldg U8", sms, threads, 0, us);
+    }
+    for (int smem_kb : {0, 64, 128, 200}) {  // piece column: the unused shared bytes per CTA
+      float us = graph_us([&](int i, cudaStream_t s) {
+        ldg_stream_smem<<<sms, 512, size_t(smem_kb) * 1024, s>>>(reinterpret_cast<const uint4*>(addr(i)),
+                                                                per_cta / 16, out);
+      }, nv, st);
+      report("ldg U8 max carveout", sms, 512, size_t(smem_kb) * 1024, us);
     }
     if (per_cta <= 190 * 1024) {
       for (int pieces : {1, 4, 16, 32}) {
