@@ -309,6 +309,10 @@ def test_make_dispatch_ranges():
     best = {1: "gemv", 2: "mma", 4: "mma", 8: "mma", 16: "dq", 32: "dq"}
     assert mod.ranges(best) == ((1, "gemv"), (8, "mma"))
     assert mod.ranges({1: "mma", 2: "dq", 4: "mma"}) == ((1, "mma"), (2, "dq"), (4, "mma"))
+    # a `kbit bench --kernels` result cannot make a table; older results (no "kernels") can
+    assert mod.unmeasured({"kernels": ["MMA"]}) == ["Scalar", "WGMMA", "dq+cuBLAS"]
+    assert mod.unmeasured({"kernels": ["Scalar", "MMA", "WGMMA", "dq+cuBLAS"]}) == []
+    assert mod.unmeasured({}) == []
 
 
 @pytest.mark.parametrize("device", DEVICES)
