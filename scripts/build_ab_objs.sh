@@ -7,12 +7,13 @@
 #   - mma_NAME.o per variant NAME="nvcc flags", built from the working tree's mma.cu with
 #     -DKBIT_MMA_AB_ONLY=1 (fp16 + E4M4 kernels only: what `kbit bench` times; ~6 MB instead
 #     of 15.7), or, for NAME=base, from mma.cu of the revision in $BASE_REV (default main; full
-#     size where that revision predates KBIT_MMA_AB_ONLY). Session 23's set (base full, 3
-#     variants, full.o, the others) came to ~62 MB: near the 64 MiB carry with the repo.
+#     size where that revision predates KBIT_MMA_AB_ONLY), with that revision's gemv.cu as
+#     gemv_base.o (the Scalar column's A/B).
 # Two compiles at a time (this machine has 2 cores; mma.cu alone takes ~6 min, an AB_ONLY
-# variant ~1.5). Example (session 23's set, NOTES.md v28):
-#   bash scripts/build_ab_objs.sh base= cols= cols_d3="-DKBIT_MMA_DEPTH(k)=3" \
-#        cols_d3_up3="-DKBIT_MMA_DEPTH(k)=3 -DKBIT_MMA_UPFRONT=3" nocols="-DKBIT_MMA_COLS=0"
+# variant ~2.5). full.o doubles as the working tree's default variant (link_ab.sh: `full`).
+# Example (session 23's set, NOTES.md v28; ~61 MB of objects):
+#   bash scripts/build_ab_objs.sh base= cols_d3="-DKBIT_MMA_DEPTH(k)=3" \
+#        cols_d3_up3="-DKBIT_MMA_DEPTH(k)=3 -DKBIT_MMA_UPFRONT=3"
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$repo/.carry/nl
@@ -28,9 +29,11 @@ build() {  # build OUT SRC [flags...], at most 2 at a time
 build "$out/full.o" "$repo/csrc/mma.cu"
 for spec in "$@"; do
   name=${spec%%=*}; vflags=${spec#*=}
-  if [ "$name" = base ]; then
-    git -C "$repo" show "${BASE_REV:-main}:csrc/mma.cu" > "$tmp/mma_base.cu"
-    build "$out/mma_base.o" "$tmp/mma_base.cu" -DKBIT_MMA_AB_ONLY=1
+  if [ "$name" = base ]; then  # base's mma.cu and gemv.cu (scripts/link_ab.sh links both)
+    # the revision's whole csrc/: quoted includes resolve next to the source first
+    git -C "$repo" archive "${BASE_REV:-main}" csrc | tar -x -C "$tmp"
+    build "$out/mma_base.o" "$tmp/csrc/mma.cu" -DKBIT_MMA_AB_ONLY=1
+    build "$out/gemv_base.o" "$tmp/csrc/gemv.cu"
   else
     # shellcheck disable=SC2086
     build "$out/mma_$name.o" "$repo/csrc/mma.cu" -DKBIT_MMA_AB_ONLY=1 $vflags

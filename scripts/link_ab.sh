@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Device side of scripts/build_ab_objs.sh (one call, repo root, `.carry` carried): link one
 # library per object in .carry/nl (full.o -> .carry/full.so with every kernel; mma_NAME.o ->
-# .carry/NAME.so, fp16 + E4M4 only), run $TESTS (default tests/test_linear.py) on full.so
-# under each KBIT_PDL mode of $PDL_MODES (default 1), then the A/B of scripts/lib_ab.sh over
-# the variants (ROUNDS, BENCH_ARGS as there; name@MODE runs library NAME under KBIT_PDL=MODE).
+# .carry/NAME.so, fp16 + E4M4 only; base with gemv_base.o when there is one), run $TESTS
+# (default tests/test_linear.py) on full.so under each KBIT_PDL mode of $PDL_MODES (default
+# 1), then the A/B of scripts/lib_ab.sh over the variants (ROUNDS, BENCH_ARGS as there;
+# NAME@MODE runs library NAME under KBIT_PDL=MODE).
 # Example:
-#   PDL_MODES="1 3" BENCH_ARGS="--m 1,2,4,8 --k 2,4,5 --kernels MMA" \
-#     bash scripts/link_ab.sh base cols cols@3 cols_d3 cols_d3_up3
+#   PDL_MODES="1 3" BENCH_ARGS="--m 1,2,4,8 --k 2,4,5 --kernels Scalar,MMA" \
+#     bash scripts/link_ab.sh base full full@3 cols_d3 cols_d3_up3
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 repo=$PWD
@@ -17,8 +18,11 @@ nvcc -shared -arch=sm_90a $others full.o -o ../full.so -cudart static || exit 1
 for spec in "$@"; do
   name=${spec%@*}
   [ -f "../$name.so" ] && continue
+  objs=$others
+  # base links its own gemv (the old Scalar kernel) where build_ab_objs.sh made one
+  [ "$name" = base ] && [ -f gemv_base.o ] && objs=${others/gemv.o/gemv_base.o}
   # shellcheck disable=SC2086
-  nvcc -shared -arch=sm_90a $others "mma_$name.o" -o "../$name.so" -cudart static || exit 1
+  nvcc -shared -arch=sm_90a $objs "mma_$name.o" -o "../$name.so" -cudart static || exit 1
 done
 cd "$repo"
 for mode in ${PDL_MODES:-1}; do
