@@ -76,9 +76,10 @@ def test_mma_small_m(device, k, dtype, rng):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("absmax_format", ["e4m4", "fp16", "fp32"])
-@pytest.mark.parametrize("name", ["mma", "wgmma"])
+@pytest.mark.parametrize("name", ["gemv", "mma", "wgmma"])
 def test_mma_absmax_formats_exponent_bias(device, absmax_format, name, rng):
-    """Both tensor-core kernels (wgmma: compute capability 9.0 only, M past 64 too)."""
+    """The scalar GEMV (M <= 4) and both tensor-core kernels (wgmma: compute capability 9.0
+    only, M past 64 too)."""
     if name == "wgmma" and device == "cuda" and not ops.wgmma_supports(1, 320, 72, 4, device):
         pytest.skip("wgmma needs a compute capability 9.0 GPU (sm_90a build)")
     # weights ~1e-7 and ~1e3: per-tensor exponents far from 0 for E4M4
@@ -86,7 +87,7 @@ def test_mma_absmax_formats_exponent_bias(device, absmax_format, name, rng):
         w = random_weight(72, 320, gen=rng, device=device, spread=1.0) * scale
         q = kbit.repack(kbit.quantize(w, k=4, absmax_format=absmax_format))
         bias = torch.randn(72, generator=rng).to(torch.bfloat16).to(device) * scale
-        for m in (1, 6, 13) + ((80,) if name == "wgmma" else ()):
+        for m in (1, 3) if name == "gemv" else (1, 6, 13) + ((80,) if name == "wgmma" else ()):
             x = torch.randn(m, 320, generator=rng).to(torch.bfloat16).to(device)
             got = getattr(ops, name)(x, q.packed, q.absmax, q.codebook, 72, 320, q.absmax_exponent, bias)
             err = _rel_err(got.cpu(), _reference(x, q, bias))
