@@ -18,6 +18,10 @@
 // Index decode: the k bit-planes of a block are transposed in registers (nibble_transpose) so
 // that nibble j of word r holds the index of value 4j + r; k = 5 adds the fifth plane's bit as
 // bit 4 of byte-wide fields.
+// Expected weak point (not measured): lane l reads k-tile l, so each warp load touches 32
+// lines (x) or 32 sectors N * 8k bytes apart (weights): ~8x the L1 wavefronts of coalesced
+// loads. Aimed at small weights (KV: 512 rows, where a call is all latency); mma is expected
+// to stay faster on the large ones (NOTES.md v28).
 #include "common.cuh"
 
 namespace kbit {
