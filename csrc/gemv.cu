@@ -123,8 +123,9 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
     if (pdl >= 2 && lane < KT) {
 #pragma unroll
       for (int r = 0; r < R; r++)
-        if (n0 + r < N) {
+        if (n0 + r < N) {  // the tile's first and last word (k = 3, 5: it may cross a line)
           prefetch_l2(packed + block_of(lane, r) * K_BITS);
+          prefetch_l2(packed + (block_of(lane, r) + kTileBlocks) * K_BITS - 1);
           prefetch_l2(static_cast<const char*>(absmax) + block_of(lane, r) * absmax_bytes(absmax_format));
         }
     }
@@ -209,7 +210,8 @@ cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const
                    const void* absmax, int fmt, const float* cb, int64_t N, int64_t K,
                    int exponent, const void* bias, void* out, int64_t ldo) {
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
-  const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  // 16-byte loads of x where every row is 16-byte aligned (M = 1: one row, any stride)
+  const bool vec_x = (M == 1 || ldx % 8 == 0) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   const float shift_up = ldexpf(1.f, exponent);

@@ -17,7 +17,9 @@ from conftest import GPU, random_weight
 
 DEVICES = ["cpu"] + (["cuda"] if GPU else [])
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (2048, 512), (64, 16384)]  # last: x too big for smem at M=4
+# (64, 16384): several rounds of k-tiles per lane; (2049, 4001): 2 rows per warp at M = 1 with a
+# half-empty last warp, 63 k-tiles (a partial second slot), K % 8 != 0 (x's element-wise path)
+SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (2048, 512), (64, 16384), (2049, 4001)]
 
 
 def _rel_err(got, want):
@@ -34,14 +36,38 @@ def _reference(x, q, bias=None):
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gemv_small_m(device, k, dtype, rng):
+    """The scalar GEMV kernel itself (ops.gemv_out, NaN-poisoned output) and kbit.linear, which
+    may dispatch elsewhere."""
     for n, kdim in SHAPES if device == "cuda" else SHAPES[1:2]:
         q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
         for m in (1, 2, 3, 4):
             x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
+            want = _reference(x, q)
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+            ops.gemv_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, None, out)
+            assert _rel_err(out.cpu(), want) <= TOL[dtype], ("gemv", n, kdim, m)
             got = kbit.linear(x, q)
             assert got.shape == (m, n) and got.dtype == dtype
-            err = _rel_err(got.cpu(), _reference(x, q))
+            err = _rel_err(got.cpu(), want)
             assert err <= TOL[dtype], (n, kdim, m, err)
+
+
+@pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
+@pytest.mark.parametrize("name", ["gemv", "mma"])
+def test_small_m_misaligned_weights(device, name, rng):
+    """Weights viewed 4 bytes off a 16-byte boundary (kbit never makes such views) give the
+    aligned result: the op copies them instead of letting vector loads fault the device."""
+    n, kdim = 200, 4128
+    for k in (2, 4):
+        q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device), k=k))
+        buf = torch.empty(q.packed.numel() + 4, dtype=torch.int32, device=device)
+        packed = buf[1:1 + q.packed.numel()].view(q.packed.shape)
+        packed.copy_(q.packed)
+        assert packed.data_ptr() % 16 != 0
+        x = torch.randn(3, kdim, generator=rng).to(torch.float16).to(device)
+        args = (q.absmax, q.codebook, n, kdim, q.absmax_exponent)
+        torch.testing.assert_close(getattr(ops, name)(x, packed, *args), getattr(ops, name)(x, q.packed, *args),
+                                   rtol=0, atol=0)
 
 
 MMA_SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (8, 33), (2048, 512), (136, 5120),
