@@ -32,7 +32,7 @@ for round in $(seq ${ROUNDS:-2}); do
     # shellcheck disable=SC2086
     KBIT_PDL=$mode KBIT_LIBRARY=$lib timeout 200 python3 -m kbit.cli bench --suite linear ${BENCH_ARGS:---m 1,4,8,16 --k 4,5} \
       --json "$OUT/${file}_$round.json" > "$OUT/${file}_$round.txt" 2>&1
-    summary+=("bench $name round $round: rc $?")
+    summary+=("bench $name round $round: rc $? (at ${SECONDS} s)")
     jsons+=("$name=$OUT/${file}_$round.json")
   done
 done
