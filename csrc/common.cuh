@@ -257,8 +257,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 
 // KBIT_PDL (read once per process): 0 launches the kernels without PDL; 1 (default) with PDL
 // (wait before the first global access; mma and wgmma trigger at entry, gemv after its main
-// loop); 2 also asks for each warp's first weights in L2 before the wait; 3 as 2, except that
-// mma's register ring asks for the CTA's whole weight range (an experiment, NOTES.md v28). H100,
+// loop); 2 also asks for each warp's first weights in L2 before the wait. H100,
 // M = 1, k = 4, dense TOTAL vs fp16 (NOTES.md v16): back-to-back kbit calls 1.53x (0) / 1.82x
 // (1) / 1.88x (2); each call after a kernel launched without PDL 1.54x / 1.51x / 1.42x.
 inline int pdl_mode() {

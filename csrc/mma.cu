@@ -25,10 +25,7 @@
 // each). The
 // block scale (E4M4: exact in fp16 and bf16) multiplies the codebook value in the activation
 // dtype; the per-tensor power of two multiplies the fp32 accumulator at the end, so it cannot
-// overflow or underflow the 16-bit weights. M = 1, 2 (the "block-column" variant, COLS) skip
-// that multiply: the 8 columns of an MMA's B hold x only where column 2c + m meets the k of
-// lane c's block, so the item's D keeps every block's unscaled sum per token apart and the
-// lane scales it once per block in fp32 (32 packed multiplies per item fewer; NOTES.md v28).
+// overflow or underflow the 16-bit weights.
 //
 // Work split: one CTA of 16 warps per SM (the codebook table and staged x are built once per
 // SM); a CTA owns RG groups of 16 rows over all of K (RG = the fewest row groups per CTA that
@@ -79,11 +76,6 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 // evict-first cache hint, 28672 x 8192 at M = 1, k = 4 was 4-6% slower.
 #ifndef KBIT_MMA_EVICT_FIRST
 #define KBIT_MMA_EVICT_FIRST 1
-#endif
-// M <= 2 on the register ring takes the block-column variant (mma_body, COLS): block scales
-// applied to fp32 sums instead of to every decoded pair. 0 disables it (A/B experiments).
-#ifndef KBIT_MMA_COLS
-#define KBIT_MMA_COLS 1
 #endif
 #ifndef KBIT_MMA_BULK_MIN_RG
 #define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
@@ -186,12 +178,9 @@ __device__ __forceinline__ void read_block(uint32_t (&w)[K_BITS], uint32_t& scal
 // NT = 4 on the tiles are independent chains enough (and registers are short).
 template <int NT> constexpr int kAccSets = NT >= 4 ? 1 : 2;
 
-// SCALED = false (the block-column variant, M <= 2): the codebook values go into the MMAs
-// unscaled; the caller multiplies each block's sums by its scale after the item.
-template <typename T, int K_BITS, int NT, bool SCALED = true>
+template <typename T, int K_BITS, int NT>
 __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2], uint32_t lane_base,
                                          const T* const (&xb)[NT], float (&acc)[NT][kAccSets<NT>][4]) {
-  auto mul2 = [&](uint32_t v, uint32_t s) { return SCALED ? kbit::mul2<T>(v, s) : v; };
   auto run = [&](int s, const uint32_t (&a)[4]) {
 #pragma unroll
     for (int tt = 0; tt < NT; tt++) {
@@ -218,14 +207,14 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
       uint32_t a[4];
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2(lds32(entry_addr5<0>(n[h][r], hi[h][r], lane_base)), s2[h]);
-        a[h + 2] = mul2(lds32(entry_addr5<1>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h] = mul2<T>(lds32(entry_addr5<0>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(entry_addr5<1>(n[h][r], hi[h][r], lane_base)), s2[h]);
       }
       run(2 * r, a);
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2(lds32(entry_addr5<2>(n[h][r], hi[h][r], lane_base)), s2[h]);
-        a[h + 2] = mul2(lds32(entry_addr5<3>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h] = mul2<T>(lds32(entry_addr5<2>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(entry_addr5<3>(n[h][r], hi[h][r], lane_base)), s2[h]);
       }
       run(2 * r + 1, a);
     }
@@ -244,8 +233,8 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
       for (int h = 0; h < 2; h++) {
         uint32_t q0, q1;
         asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(q0), "=r"(q1) : "r"(off[h]));
-        a[h] = mul2(q0, s2[h]);
-        a[h + 2] = mul2(q1, s2[h]);
+        a[h] = mul2<T>(q0, s2[h]);
+        a[h + 2] = mul2<T>(q1, s2[h]);
       }
       run(4 * r + j, a);
     };
@@ -275,14 +264,14 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
       uint32_t a[4];
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2(lds32(entry_addr<0>(n[h][r], lane_base)), s2[h]);
-        a[h + 2] = mul2(lds32(entry_addr<1>(n[h][r], lane_base)), s2[h]);
+        a[h] = mul2<T>(lds32(entry_addr<0>(n[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(entry_addr<1>(n[h][r], lane_base)), s2[h]);
       }
       run(2 * r, a);
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2(lds32(entry_addr<2>(n[h][r], lane_base)), s2[h]);
-        a[h + 2] = mul2(lds32(entry_addr<3>(n[h][r], lane_base)), s2[h]);
+        a[h] = mul2<T>(lds32(entry_addr<2>(n[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(entry_addr<3>(n[h][r], lane_base)), s2[h]);
       }
       run(2 * r + 1, a);
     }
@@ -358,7 +347,7 @@ template <int FMT> constexpr int kScaleBytes = absmax_bytes(FMT);
 // SPLIT: the split-K variant (launched in clusters of kslices > 1 CTAs). The plain variant has
 // no cluster instructions and no division of blockIdx.x: with them, every M <= 8 call was
 // 0.15-0.25 us slower (H100, scripts/mma_timeline.cu, A/B).
-template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT, bool COLS>
+template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT>
 __device__ __forceinline__ void mma_body(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
@@ -366,7 +355,6 @@ __device__ __forceinline__ void mma_body(
     const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
   constexpr int kThreads = kThreadsPerCta<NT>;
   constexpr int kWarps = kWarpsPerCta<NT>;
-  static_assert(!COLS || (NT == 1 && !BULK && !SPLIT), "the block-column variant is the register ring's");
   KBIT_MMA_MARK(0, 0u);
   // Split-K (kslices > 1, one cluster of kslices CTAs per row-group set): CTA `slice` of a
   // cluster runs steps step0 .. step0 + lsteps - 1 (`steps` per slice; the last may have
@@ -545,26 +533,6 @@ __device__ __forceinline__ void mma_body(
               bulk_prefetch_l2(words, wb);
               bulk_prefetch_l2(sc, sb);
             });
-      } else if (pdl >= 3) {
-        // KBIT_PDL=3: the CTA's whole weight range, one bulk L2 prefetch per k-tile of its
-        // rows (words, then stored scales), so DRAM streams all of it from the CTA's start
-        // instead of ring item by ring item (NOTES.md v28: mma's third ring round at M = 1
-        // is requested only after the first is decoded). Hints only: each piece shrinks to
-        // its 16-byte aligned interior (the copy engine's granule), never past the tensor.
-        const int n0 = group0 * kRows, rows = min(N - n0, rg_per_cta * kRows);
-        const int kt_end = min(KT, 2 * (step0 + lsteps));
-        auto hint = [](const char* p, size_t bytes) {
-          const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + 15) & ~uintptr_t(15);
-          const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t(15);
-          if (hi > lo) bulk_prefetch_l2(reinterpret_cast<const void*>(lo), uint32_t(hi - lo));
-        };
-        // and the codebook (its 2^k floats: one 128-byte line), which a model's layer reads cold
-        if (threadIdx.x == 0) prefetch_l2(codebook);
-        for (int kt = 2 * step0 + int(threadIdx.x); rows > 0 && kt < kt_end; kt += kThreads) {
-          const size_t blk = (size_t(kt) * N + n0) * kTileBlocks;
-          hint(reinterpret_cast<const char*>(packed + blk * K_BITS), size_t(rows) * kTileBlocks * K_BITS * 4);
-          hint(static_cast<const char*>(absmax) + blk * kScaleBytes<FMT>, size_t(rows) * kTileBlocks * kScaleBytes<FMT>);
-        }
       } else {
         Cursor pc = load_cur;
 #pragma unroll
@@ -671,38 +639,23 @@ __device__ __forceinline__ void mma_body(
   bool tok_ok[NT];
 #pragma unroll
   for (int tt = 0; tt < NT; tt++) {
-    // COLS: B column g = 2 * (block position) + token (see the main loop)
-    const int tok = COLS ? (g & 1) : tt * 8 + g;
-    tok_ok[tt] = tok < M && (!COLS || (g >> 1) == c);
-    xb0[tt] = (tok_ok[tt] ? x_at(tok) : zero_row) + frag_index(0, 0, c);
+    tok_ok[tt] = tt * 8 + g < M;
+    xb0[tt] = (tok_ok[tt] ? x_at(tt * 8 + g) : zero_row) + frag_index(0, 0, c);
   }
   auto flush = [&](int rg) {
-    if constexpr (COLS) {
-      // acc[0][0][i]: row g + 8 * (i >> 1), token i & 1, summed over this lane's block
-      // position c only: add the quad's 4 positions, lane c = 0 adds the total
+#pragma unroll
+    for (int tt = 0; tt < NT; tt++)
 #pragma unroll
       for (int i = 0; i < 4; i++) {
-        float v = acc[0][0][i];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        acc[0][0][i] = 0.f;
-        if (c == 0 && (i & 1) < M) atomicAdd(acc_s + (size_t(rg) * M + (i & 1)) * kAccStride + g + 8 * (i >> 1), v);
-      }
-    } else {
+        const int token = tt * 8 + 2 * c + (i & 1), row = g + 8 * (i >> 1);
+        float v = 0.f;
 #pragma unroll
-      for (int tt = 0; tt < NT; tt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          const int token = tt * 8 + 2 * c + (i & 1), row = g + 8 * (i >> 1);
-          float v = 0.f;
-#pragma unroll
-          for (int j = 0; j < kAccSets<NT>; j++) {
-            v += acc[tt][j][i];
-            acc[tt][j][i] = 0.f;
-          }
-          if (token < M) atomicAdd(acc_s + (size_t(rg) * M + token) * kAccStride + row, v);
+        for (int j = 0; j < kAccSets<NT>; j++) {
+          v += acc[tt][j][i];
+          acc[tt][j][i] = 0.f;
         }
-    }
+        if (token < M) atomicAdd(acc_s + (size_t(rg) * M + token) * kAccStride + row, v);
+      }
   };
   if constexpr (BULK) {
     if (warp == kWarps - 1) {  // the producer refills each stage once its row groups read it
@@ -761,27 +714,7 @@ __device__ __forceinline__ void mma_body(
         const T* xb[NT];
 #pragma unroll
         for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(cur.step, 0, 0) : 0);
-        if constexpr (COLS) {
-          // Block-column variant (M <= 2): B holds token m's x in column 2c' + m only for the
-          // k of lane c''s block (B fragments of other lanes read the zero row), so column
-          // 2c + m of the item's D is block c's unscaled sum for token m: lane (g, c) holds
-          // it for rows g (D[0], D[1]) and g + 8 (D[2], D[3]), and scales it here, once per
-          // block instead of once per value pair (no packed multiply in the decode).
-          float dsum[NT][kAccSets<NT>][4] = {};
-          item_mma<T, K_BITS, NT, false>(it, s2, lane_base, xb, dsum);
-          // E4M4: the pair table's entry, exact in T; fp16 / fp32 scales straight from their bits
-          const float s_lo = FMT == KBIT_ABSMAX_E4M4 ? scale_of_pair<T>(s2[0]) : absmax_of_bits(it.scale_bits[0], FMT);
-          const float s_hi = FMT == KBIT_ABSMAX_E4M4 ? scale_of_pair<T>(s2[1]) : absmax_of_bits(it.scale_bits[1], FMT);
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            float v = dsum[0][0][i];
-#pragma unroll
-            for (int j = 1; j < kAccSets<NT>; j++) v += dsum[0][j][i];
-            acc[0][0][i] = fmaf(v, i < 2 ? s_lo : s_hi, acc[0][0][i]);
-          }
-        } else {
-          item_mma<T, K_BITS, NT>(it, s2, lane_base, xb, acc);
-        }
+        item_mma<T, K_BITS, NT>(it, s2, lane_base, xb, acc);
         const int rg = cur.rg;
         advance(cur);
         if (cur.rg != rg || base + d + 1 == n_items) flush(rg);
@@ -839,7 +772,7 @@ __device__ __forceinline__ void mma_body(
 // The kernel. Compiled for a pre-sm_90 target, the split variant (clusters) is a stub that
 // traps: the launcher never picks it there (cluster_ctas is 0), and its body would only add
 // compile time.
-template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT, bool COLS = false>
+template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT>
 __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
@@ -851,7 +784,7 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   constexpr bool kBody = true;
 #endif
   if constexpr (kBody) {
-    mma_body<T, K_BITS, FMT, NT, BULK, SPLIT, COLS>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
+    mma_body<T, K_BITS, FMT, NT, BULK, SPLIT>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
                                               rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out,
                                               ldo, pdl);
   } else {
@@ -1013,20 +946,15 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
                          static_cast<const T*>(bias), static_cast<T*>(out), ldo, pdl);
   };
   const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
-  auto go = [&](auto bulk, auto split, auto cols) {
-    constexpr auto kernel =
-        mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value, decltype(cols)::value>;
+  auto go = [&](auto bulk, auto split) {
+    constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value>;
     const int pdl = pdl_for<kernel>(device);
     return run(kernel, smem_optin<kernel>(device, dev), bulk ? bulk_bytes : plan.smem, bulk ? 0 : items_per_warp, pdl);
   };
   using Yes = std::true_type;
   using No = std::false_type;
-  if (n_stages > 0) return plan.S > 1 ? go(Yes{}, Yes{}, No{}) : go(Yes{}, No{}, No{});
-  if (plan.S > 1) return go(No{}, Yes{}, No{});
-  if constexpr (NT == 1 && KBIT_MMA_COLS) {
-    if (M <= 2) return go(No{}, No{}, Yes{});
-  }
-  return go(No{}, No{}, No{});
+  if (n_stages > 0) return plan.S > 1 ? go(Yes{}, Yes{}) : go(Yes{}, No{});
+  return plan.S > 1 ? go(No{}, Yes{}) : go(No{}, No{});
 }
 
 template <typename T, int K_BITS, int FMT>
@@ -1039,28 +967,14 @@ cudaError_t launch_m(int M, cudaStream_t s, const void* x, int64_t ldx, const in
   return launch<T, K_BITS, FMT, 8>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
 }
 
-// KBIT_MMA_AB_ONLY=1 (experiment builds, scripts/build_ab_objs.sh): only fp16 activations with
-// E4M4 scales, what `kbit bench` times; other calls fail with cudaErrorNotSupported. A sixth of
-// the kernels (an object of ~6 MB instead of 15.7 without -lineinfo), so that several variants
-// of this file fit one device call's carry.
-#ifndef KBIT_MMA_AB_ONLY
-#define KBIT_MMA_AB_ONLY 0
-#endif
-
 template <typename T, int K_BITS>
 cudaError_t launch_fmt(int fmt, int M, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
                        const void* a, const float* cb, int64_t N, int64_t K, int e,
                        const void* bias, void* out, int64_t ldo) {
-  if constexpr (KBIT_MMA_AB_ONLY) {
-    if constexpr (std::is_same<T, __half>::value)
-      if (fmt == KBIT_ABSMAX_E4M4) return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-    return cudaErrorNotSupported;
-  } else {
-    switch (fmt) {
-      case KBIT_ABSMAX_E4M4: return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-      case KBIT_ABSMAX_F16: return launch_m<T, K_BITS, KBIT_ABSMAX_F16>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-      case KBIT_ABSMAX_F32: return launch_m<T, K_BITS, KBIT_ABSMAX_F32>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-    }
+  switch (fmt) {
+    case KBIT_ABSMAX_E4M4: return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+    case KBIT_ABSMAX_F16: return launch_m<T, K_BITS, KBIT_ABSMAX_F16>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+    case KBIT_ABSMAX_F32: return launch_m<T, K_BITS, KBIT_ABSMAX_F32>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
   }
   return cudaErrorInvalidValue;
 }

@@ -88,13 +88,6 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t bits, int fmt, const uin
   return Pair<T>::pack(__uint_as_float(bits), __uint_as_float(bits));
 }
 
-// The scale of a packed (scale, scale) pair in T as a float (exact: a widening conversion).
-template <typename T>
-__device__ __forceinline__ float scale_of_pair(uint32_t pair) {
-  if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)(pair & 0xffffu)));
-  else return __uint_as_float(pair << 16);
-}
-
 // Host: clusters of `size` CTAs of `kernel` (threads and dynamic shared memory bytes per CTA;
 // the cluster along grid dimension `axis`, 0 = x .. 2 = z) that the current device runs at
 // once (cudaOccupancyMaxActiveClusters), or 0 when none fit or the query fails; its error is

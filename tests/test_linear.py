@@ -82,11 +82,10 @@ def test_mma_small_m(device, k, dtype, rng):
     """Tensor-core kernel, M = 1..64 (split over K where x does not fit whole), into
     NaN-poisoned outputs.
 
-    For M >= 3 the kernel multiplies codebook value x block scale in the activation dtype (one
-    extra rounding of each weight before the fp32-accumulated MMA: relative 2^-11 fp16 / 2^-8
-    bf16, random in sign, so it adds ~1/sqrt(3) of that to the Frobenius error): still inside
-    the bounds above. M = 1, 2 take the block-column variant (unscaled codebook values in the
-    MMA, the scale applied to each block's fp32 sum), which has no such rounding.
+    The kernel multiplies codebook value x block scale in the activation dtype (one extra
+    rounding of each weight before the fp32-accumulated MMA: relative 2^-11 fp16 / 2^-8 bf16,
+    random in sign, so it adds ~1/sqrt(3) of that to the Frobenius error): still inside the
+    bounds above.
     """
     for n, kdim in MMA_SHAPES if device == "cuda" else MMA_SHAPES[1:2]:
         q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
