@@ -17,9 +17,11 @@ from conftest import GPU, random_weight
 
 DEVICES = ["cpu"] + (["cuda"] if GPU else [])
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-# (64, 16384): several rounds of k-tiles per lane; (2049, 4001): 2 rows per warp at M = 1 with a
-# half-empty last warp, 63 k-tiles (a partial second slot), K % 8 != 0 (x's element-wise path)
-SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (2048, 512), (64, 16384), (2049, 4001)]
+# (64, 16384): several rounds of k-tiles per lane; (2049, 4021): 2 rows per warp at M = 1 with a
+# half-empty last warp, 63 k-tiles (a partial second slot), K % 8 != 0 (x's element-wise path).
+# Its last block holds 21 values: with 1 (K = 4001) a tiny block absmax can fall outside E4M4's
+# range and quantize() rightly refuses the weight (seen on the GPU, session 24)
+SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (2048, 512), (64, 16384), (2049, 4021)]
 
 
 def _rel_err(got, want):
