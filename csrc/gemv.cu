@@ -1,6 +1,6 @@
 // gemv: C[M, N] = x[M, K] @ W^T (+ bias) for M = 1..4, W k-bit in the tiled64 layout.
 //
-// Written for latency (session 23; NOT yet measured on a GPU, NOTES.md v28): no shared memory,
+// Written for latency (session 23; measured in session 24, NOTES.md v29): no shared memory,
 // no barrier, no table to build. A warp owns R = 1 or 2 output rows over all of K; lane l takes
 // the k-tiles l, l + 32, ... (64 values each, both blocks of tiled64's (kt, n) pair) and puts
 // U = 2 of them per row in flight at once, words and stored scales straight into registers,
@@ -18,10 +18,10 @@
 // Index decode: the k bit-planes of a block are transposed in registers (nibble_transpose) so
 // that nibble j of word r holds the index of value 4j + r; k = 5 adds the fifth plane's bit as
 // bit 4 of byte-wide fields.
-// Expected weak point (not measured): lane l reads k-tile l, so each warp load touches 32
-// lines (x) or 32 sectors N * 8k bytes apart (weights): ~8x the L1 wavefronts of coalesced
-// loads. Aimed at small weights (KV: 512 rows, where a call is all latency); mma is expected
-// to stay faster on the large ones (NOTES.md v28).
+// Weak point: lane l reads k-tile l, so each warp load touches 32 lines (x) or 32 sectors
+// N * 8k bytes apart (weights): ~8x the L1 wavefronts of coalesced loads. So it wins only on
+// small weights, where a call is all latency: H100, cold, M = 1, k = 4 (bench v29): KV (512 x
+// 2048) 3.1 us vs mma 3.9 (the old GEMV 4.5); gateup 9.8 vs mma 6.0 (the old GEMV 8.9).
 #include "common.cuh"
 
 namespace kbit {
