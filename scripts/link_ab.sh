@@ -28,7 +28,7 @@ done
 cd "$repo"
 libs=()
 for spec in "$@"; do libs+=("$spec=.carry/${spec%@*}.so"); done
-bash scripts/lib_ab.sh "${libs[@]}"
+TESTS= bash scripts/lib_ab.sh "${libs[@]}"  # lib_ab.sh would run $TESTS per library
 # the tests after the A/B (a slow suite must not cut the timings short): $TESTS under the first
 # mode of $PDL_MODES, $PDL_TESTS (default tests/test_pdl.py) under the others
 first=1
