@@ -136,6 +136,20 @@ __device__ __forceinline__ void codebook_offsets(const uint32_t (&bytes)[K_BITS]
   }
 }
 
+// Swap the bits of a at positions (mask << d) with the bits of b at positions mask.
+__device__ __forceinline__ void delta_swap(uint32_t& a, uint32_t& b, int d, uint32_t mask) {
+  const uint32_t t = ((a >> d) ^ b) & mask;
+  b ^= t;
+  a ^= t << d;
+}
+
+// The 4x4 bit transpose within every nibble of 4 words (k = 3 passes w3 = 0): afterwards
+// nibble j of word r holds the index of value 4j + r.
+__device__ __forceinline__ void nibble_transpose(uint32_t& n0, uint32_t& n1, uint32_t& n2, uint32_t& n3) {
+  delta_swap(n0, n2, 2, 0x33333333u); delta_swap(n1, n3, 2, 0x33333333u);
+  delta_swap(n0, n1, 1, 0x55555555u); delta_swap(n2, n3, 1, 0x55555555u);
+}
+
 // Makes `device` current for the launcher's scope and restores the caller's device after.
 struct DeviceGuard {
   int previous = -1;

@@ -1,174 +1,206 @@
-// gemv: C[M, N] = A[M, K] @ W^T (+ bias) for M = 1..4, W k-bit in the tiled64 layout.
+// gemv: C[M, N] = x[M, K] @ W^T (+ bias) for M = 1..4, W k-bit in the tiled64 layout.
 //
-// Each weight is decoded once and used for all M rows, so the kernel streams the packed
-// weight at close to DRAM rate when its per-weight instruction count stays small.
+// Written for latency (session 23; measured in session 24, NOTES.md v29): no shared memory,
+// no barrier, no table to build. A warp owns R = 1 or 2 output rows over all of K; lane l takes
+// the k-tiles l, l + 32, ... (64 values each, both blocks of tiled64's (kt, n) pair) and puts
+// U = 2 of them per row in flight at once, words and stored scales straight into registers,
+// so the weights stream from the first instruction after the PDL wait. The codebook lives in
+// registers: lane L holds entry L mod 2^k and a value's index is the source lane of one
+// shuffle (k <= 4: the shuffle reads only the low 5 bits of the index field, and entries repeat
+// every 2^k lanes, so the bits above a value's nibble need no mask). Each block's 32 products
+// are summed in fp32 and scaled once; the lanes' sums meet in a butterfly reduction and lane 0
+// writes the R x M outputs.
 //
-// Thread mapping: a warp covers 8 consecutive output columns n (lane >> 2) and 4 k-tile
-// phases (lane & 3); in tiled64 the 2 * k words of (kt, n) are contiguous and consecutive n
-// follow, so each warp load reads 4 runs of 8 * 2k words: whole sectors for every k. The 4
-// warps of a CTA split K further (kt = warp * 4 + phase, stride 16), and a shared-memory
-// reduction joins them. Per 32-value block the kernel sums x * codebook[idx] in float32 and
-// multiplies by the block scale once. Indices come from the same 16-entry spread table as
-// dequantize (common.cuh: codebook_offsets; two shared loads per plane per 8 values).
-// Activations are staged once per CTA in shared memory as float32 (v1/v2 re-read and
-// re-converted them from global memory for every 8 weights; NOTES.md), or read from global
-// when M * K is too large for shared memory.
+// Why: mma.cu's CTAs build a 64 KB table and stage x behind a barrier before their first
+// decode (~1.3 us of an M = 1 call, NOTES.md v27/v28), and the old scalar GEMV (fp32 codebook
+// and spread tables in shared memory: ~2.25 shared loads per value) was bound by those loads.
+// Here a value costs one shift, one shuffle and, per token, one conversion of x and one FMA.
+// Index decode: the k bit-planes of a block are transposed in registers (nibble_transpose) so
+// that nibble j of word r holds the index of value 4j + r; k = 5 adds the fifth plane's bit as
+// bit 4 of byte-wide fields.
+// Weak point: lane l reads k-tile l, so each warp load touches 32 lines (x) or 32 sectors
+// N * 8k bytes apart (weights): ~8x the L1 wavefronts of coalesced loads. So it wins only on
+// small weights, where a call is all latency: H100, cold, M = 1, k = 4 (bench v29): KV (512 x
+// 2048) 3.1 us vs mma 3.9 (the old GEMV 4.5); gateup 9.8 vs mma 6.0 (the old GEMV 8.9).
 #include "common.cuh"
 
 namespace kbit {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kRowsPerWarp = 8;      // output columns per warp (and per CTA)
-constexpr int kPhases = 4;           // lanes along K per column
-constexpr int kTileStride = kWarps * kPhases;
+constexpr int kWarps = 4;  // warps per CTA: small CTAs, many per SM
 
-template <typename T>
-__device__ __forceinline__ void load8(const T* p, bool vec, int64_t col, int64_t K, float (&v)[8]) {
-  if (vec && col + 8 <= K) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-    const T* h = reinterpret_cast<const T*>(&raw);
+// One k-tile of one row: both blocks' plane words and stored scale bits.
+template <int K_BITS>
+struct Tile {
+  uint32_t w[kTileBlocks][K_BITS];
+  uint32_t sbits[kTileBlocks];
+};
+
+// x[m][col .. col + 31] (one block) as 16 packed pairs; zeros past K or for an invalid tile.
+template <typename T, int M>
+__device__ __forceinline__ void load_x_block(uint32_t (&xw)[M][16], const T* __restrict__ x, int64_t ldx,
+                                             int64_t col, int64_t K, bool valid, bool vec_x) {
 #pragma unroll
-    for (int j = 0; j < 8; j++) v[j] = to_float(h[j]);
-  } else {
+  for (int m = 0; m < M; m++) {
+    const T* src = x + m * ldx + col;
+    if (valid && vec_x && col + 32 <= K) {
 #pragma unroll
-    for (int j = 0; j < 8; j++) v[j] = col + j < K ? to_float(p[j]) : 0.f;
+      for (int q = 0; q < 4; q++) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(src) + q);
+        xw[m][4 * q] = v.x; xw[m][4 * q + 1] = v.y; xw[m][4 * q + 2] = v.z; xw[m][4 * q + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 16; q++) {
+        const unsigned short lo = valid && col + 2 * q < K ? __ldg(reinterpret_cast<const unsigned short*>(src + 2 * q)) : 0;
+        const unsigned short hi = valid && col + 2 * q + 1 < K ? __ldg(reinterpret_cast<const unsigned short*>(src + 2 * q + 1)) : 0;
+        xw[m][q] = uint32_t(lo) | uint32_t(hi) << 16;
+      }
+    }
   }
 }
 
-// x staged in shared memory as float32: k-tile kt of row m at xs[m * x_row + kt * kXTile];
-// 68 floats per 64-value tile so that the 4 k-tile phases of a warp hit different banks.
-constexpr int kXTile = 68;
-constexpr int kMaxXSmem = 200 * 1024;  // larger x (M * K beyond ~50k values) is read from global
+// Value v (0..31) of a block of x as a float, from its packed pairs.
+template <typename T>
+__device__ __forceinline__ float x_value(const uint32_t (&xw)[16], int v) {
+  const uint32_t bits = (xw[v >> 1] >> (16 * (v & 1))) & 0xffffu;
+  if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)bits));
+  else return __uint_as_float(bits << 16);
+}
 
-template <typename T, int K_BITS, int M, bool X_SMEM>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(
+// sum[m] += codebook[idx(v)] * x[m][v] over the 32 values of one block.
+template <typename T, int K_BITS, int M>
+__device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb, const uint32_t (&xw)[M][16],
+                                          float (&sum)[M]) {
+  uint32_t t0 = w[0], t1 = w[1], t2 = K_BITS > 2 ? w[2] : 0u, t3 = K_BITS > 3 ? w[3] : 0u;
+  nibble_transpose(t0, t1, t2, t3);
+  const uint32_t t[4] = {t0, t1, t2, t3};
+#pragma unroll
+  for (int r = 0; r < 4; r++) {
+    if constexpr (K_BITS == 5) {
+      // byte i of e (o): index of value 8i + r (8i + 4 + r), its fifth bit as bit 4
+      const uint32_t hi = w[4 % K_BITS];
+      const uint32_t e = (t[r] & 0x0f0f0f0fu) | (((hi >> r) & 0x01010101u) << 4);
+      const uint32_t o = ((t[r] >> 4) & 0x0f0f0f0fu) | (((hi >> (r + 4)) & 0x01010101u) << 4);
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const float we = __shfl_sync(0xffffffffu, cb, int(e >> (8 * i)));
+        const float wo = __shfl_sync(0xffffffffu, cb, int(o >> (8 * i)));
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+          sum[m] = fmaf(we, x_value<T>(xw[m], 8 * i + r), sum[m]);
+          sum[m] = fmaf(wo, x_value<T>(xw[m], 8 * i + 4 + r), sum[m]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const float wv = __shfl_sync(0xffffffffu, cb, int(t[r] >> (4 * j)));
+#pragma unroll
+        for (int m = 0; m < M; m++) sum[m] = fmaf(wv, x_value<T>(xw[m], 4 * j + r), sum[m]);
+      }
+    }
+  }
+}
+
+// At least 4 CTAs per SM (<= 128 registers), 5 at M = 1 (<= 102: a gateup-sized call puts ~20
+// warps on every SM at R = 2 and should have them all resident at once).
+template <typename T, int K_BITS, int M, int R, int U>
+__global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int absmax_format, const float* __restrict__ codebook,
     int64_t N, int64_t K, int64_t KT, float shift_up, bool vec_x, const T* __restrict__ bias,
     T* __restrict__ out, int64_t ldo, int pdl) {
-  __shared__ float cb[1 << K_BITS];
-  __shared__ uint32_t spread[16];
-  __shared__ float partial[kWarps][kRowsPerWarp][M];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int r = lane >> 2, phase = lane & 3;
-  const int64_t n = int64_t(blockIdx.x) * kRowsPerWarp + r;
-  const bool row_ok = n < N;
-
-  // The words and stored scales of the lane's next k-tile are loaded before the current one
-  // is decoded (register double buffer): each lane walks K in few, dependent steps, so
-  // without this every step waits a full DRAM latency (v1: ~9-16 us on model shapes,
-  // NOTES.md). The weights stream through L2 evict-first (read once per call).
-  uint32_t next_words[kTileBlocks * K_BITS];
-  uint32_t next_sbits[kTileBlocks];
-  auto load_tile = [&](int64_t kt) {
-    const int64_t slot = (kt * N + n) * kTileBlocks;  // block index of (kt, n, j = 0)
-    const int32_t* src = packed + slot * K_BITS;
-#pragma unroll
-    for (int i = 0; i < kTileBlocks * K_BITS; i++) next_words[i] = uint32_t(load_ro<true>(src + i));
-#pragma unroll
-    for (int j = 0; j < kTileBlocks; j++) next_sbits[j] = load_absmax_bits<true>(absmax, absmax_format, slot + j);
-  };
-  // The first tile goes in flight before the prologue (codebook, x staging, barrier), so
-  // its DRAM latency overlaps the prologue's instead of following it.
-  const int64_t kt0 = warp * kPhases + phase;
-  // PDL (common.cuh): ask for the first tile in L2, then wait for the previous kernel before
-  // the first real load. The next kernel may start once every CTA has finished its loads
-  // (pdl_trigger below): triggered at entry, the next calls' grids (many small CTAs) became
-  // resident while this one ran, and back-to-back calls were up to 2x slower (NOTES.md v16).
+  const int lane = threadIdx.x & 31;
+  const int64_t n0 = (int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
+  if (n0 >= N) return;  // no barrier in this kernel: a warp without rows just leaves
+  // tiled64 block index of (kt, row n0 + r, block 0)
+  auto block_of = [&](int64_t kt, int r) { return (kt * N + n0 + r) * kTileBlocks; };
+  // PDL (common.cuh): with pdl >= 2 ask for this lane's first tile in L2, then wait for the
+  // previous kernel before any real load. The trigger follows the main loop, as before: many
+  // small CTAs triggered at entry let the next calls' grids pile up (NOTES.md v16).
   if (pdl > 0) {
-    if (pdl >= 2 && row_ok && kt0 < KT) {
-      const int64_t slot = (kt0 * N + n) * kTileBlocks;
-      prefetch_l2(packed + slot * K_BITS);
-      prefetch_l2(packed + (slot + kTileBlocks) * K_BITS - 1);
-      prefetch_l2(static_cast<const char*>(absmax) + slot * absmax_bytes(absmax_format));
+    if (pdl >= 2 && lane < KT) {
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        if (n0 + r < N) {  // the tile's first and last word (k = 3, 5: it may cross a line)
+          prefetch_l2(packed + block_of(lane, r) * K_BITS);
+          prefetch_l2(packed + (block_of(lane, r) + kTileBlocks) * K_BITS - 1);
+          prefetch_l2(static_cast<const char*>(absmax) + block_of(lane, r) * absmax_bytes(absmax_format));
+        }
     }
     pdl_wait();
   }
-  if (row_ok && kt0 < KT) load_tile(kt0);
+  // lane L holds codebook entry L mod 2^k (the shuffles' table)
+  const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));
 
-  fill_codebook_tables<K_BITS>(cb, spread, codebook);
-  extern __shared__ float xs[];
-  const int64_t x_row = KT * kXTile;
-  if (X_SMEM) {
-    for (int m = 0; m < M; m++)
-      for (int64_t c = threadIdx.x; c < KT * 64; c += kWarps * 32)
-        xs[m * x_row + (c >> 6) * kXTile + (c & 63)] = c < K ? to_float(x[m * ldx + c]) : 0.f;
-  }
-  __syncthreads();
-  const char* cb_bytes = reinterpret_cast<const char*>(cb);
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[r][m] = 0.f;
 
-  float acc[M];
+  // Rounds of U tiles per lane (tile u of a round: kt = base + 32u + lane); the loop bounds
+  // and the slot test are warp-uniform, as the shuffles need. A lane past KT (or a row past
+  // N) decodes block 0 with scale 0 and x = 0.
+  for (int64_t base = 0; base < KT; base += 32 * U) {
+    Tile<K_BITS> tile[U][R];
 #pragma unroll
-  for (int m = 0; m < M; m++) acc[m] = 0.f;
-
-  for (int64_t kt = kt0; row_ok && kt < KT; kt += kTileStride) {
-    uint32_t words[kTileBlocks * K_BITS];
-    float scales[kTileBlocks];
+    for (int u = 0; u < U; u++) {
+      if (base + 32 * u >= KT) break;  // warp-uniform: no lane has this slot
+      const int64_t kt = base + 32 * u + lane;
 #pragma unroll
-    for (int i = 0; i < kTileBlocks * K_BITS; i++) words[i] = next_words[i];
+      for (int r = 0; r < R; r++) {
+        const bool ok = kt < KT && n0 + r < N;
+        const int64_t blk = ok ? block_of(kt, r) : 0;
 #pragma unroll
-    for (int j = 0; j < kTileBlocks; j++) scales[j] = absmax_of_bits(next_sbits[j], absmax_format) * shift_up;
-    if (kt + kTileStride < KT) load_tile(kt + kTileStride);
-#pragma unroll
-    for (int j = 0; j < kTileBlocks; j++) {
-      const float scale = scales[j];
-      float block_sum[M];
-#pragma unroll
-      for (int m = 0; m < M; m++) block_sum[m] = 0.f;
-#pragma unroll
-      for (int q = 0; q < 4; q++) {  // 8 values at a time
-        uint32_t bytes[K_BITS], offs_lo, offs_hi;
-#pragma unroll
-        for (int b = 0; b < K_BITS; b++) bytes[b] = words[j * K_BITS + b] >> (8 * q);
-        codebook_offsets<K_BITS>(bytes, spread, offs_lo, offs_hi);
-        float w[8];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          w[e] = *reinterpret_cast<const float*>(cb_bytes + __byte_perm(offs_lo, 0, 0x4440 + e));
-          w[e + 4] = *reinterpret_cast<const float*>(cb_bytes + __byte_perm(offs_hi, 0, 0x4440 + e));
-        }
-        const int64_t col = kt * 64 + j * 32 + q * 8;
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-          float xv[8];
-          if (X_SMEM) {
-            const float4* p = reinterpret_cast<const float4*>(xs + m * x_row + kt * kXTile + j * 32 + q * 8);
-            const float4 a = p[0], b = p[1];
-            xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
-            xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-          } else {
-            load8(x + m * ldx + col, vec_x, col, K, xv);
-          }
-#pragma unroll
-          for (int e = 0; e < 8; e++) block_sum[m] = fmaf(xv[e], w[e], block_sum[m]);
+        for (int h = 0; h < kTileBlocks; h++) {
+          load_words<K_BITS, true>(tile[u][r].w[h], packed + (blk + h) * K_BITS);
+          const uint32_t s = load_absmax_bits<true>(absmax, absmax_format, blk + h);
+          tile[u][r].sbits[h] = ok ? s : 0u;
         }
       }
+    }
 #pragma unroll
-      for (int m = 0; m < M; m++) acc[m] = fmaf(block_sum[m], scale, acc[m]);
+    for (int u = 0; u < U; u++) {
+      if (base + 32 * u >= KT) break;  // warp-uniform: no lane has this slot
+      const int64_t kt = base + 32 * u + lane;
+#pragma unroll
+      for (int h = 0; h < kTileBlocks; h++) {
+        uint32_t xw[M][16];
+        load_x_block<T, M>(xw, x, ldx, kt * 64 + 32 * h, K, kt < KT, vec_x);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          float sum[M];
+#pragma unroll
+          for (int m = 0; m < M; m++) sum[m] = 0.f;
+          block_dot<T, K_BITS, M>(tile[u][r].w[h], cb, xw, sum);
+          const float scale = absmax_of_bits(tile[u][r].sbits[h], absmax_format);
+#pragma unroll
+          for (int m = 0; m < M; m++) acc[r][m] = fmaf(sum[m], scale, acc[r][m]);
+        }
+      }
     }
   }
   if (pdl > 0) pdl_trigger();
-  // join the 4 phases of a column, then the 4 warps
 #pragma unroll
-  for (int m = 0; m < M; m++) {
-    acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], 1);
-    acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], 2);
-  }
-  if (phase == 0) {
+  for (int r = 0; r < R; r++)
 #pragma unroll
-    for (int m = 0; m < M; m++) partial[warp][r][m] = acc[m];
-  }
-  __syncthreads();
-  if (threadIdx.x < kRowsPerWarp * M) {
-    const int rr = threadIdx.x / M, m = threadIdx.x % M;
-    const int64_t nn = int64_t(blockIdx.x) * kRowsPerWarp + rr;
-    if (nn < N) {
-      float v = 0.f;
+    for (int m = 0; m < M; m++) {
+      float v = acc[r][m];
 #pragma unroll
-      for (int w = 0; w < kWarps; w++) v += partial[w][rr][m];
-      if (bias != nullptr) v += to_float(bias[nn]);
-      out[m * ldo + nn] = from_float<T>(v);
+      for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+      acc[r][m] = v;
+    }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int64_t n = n0 + r;
+      if (n < N) {
+        const float b = bias != nullptr ? to_float(bias[n]) : 0.f;
+#pragma unroll
+        for (int m = 0; m < M; m++) out[m * ldo + n] = from_float<T>(acc[r][m] * shift_up + b);
+      }
     }
   }
 }
@@ -178,32 +210,32 @@ cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const
                    const void* absmax, int fmt, const float* cb, int64_t N, int64_t K,
                    int exponent, const void* bias, void* out, int64_t ldo) {
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
-  const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  const int64_t x_bytes = int64_t(M) * KT * kXTile * sizeof(float);
-  const unsigned grid = unsigned(ceil_div(N, kRowsPerWarp));
+  // 16-byte loads of x where every row is 16-byte aligned (M = 1: one row, any stride)
+  const bool vec_x = (M == 1 || ldx % 8 == 0) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const T* xt = static_cast<const T*>(x);
   const T* bt = static_cast<const T*>(bias);
   const float shift_up = ldexpf(1.f, exponent);
-  auto go = [&](auto x_smem, size_t smem) {
-    constexpr auto kernel = gemv_kernel<T, K_BITS, M, decltype(x_smem)::value>;
+  // Rounds of 2 tiles per lane (K <= 4096 in one round); at M = 1 2 rows per warp where the
+  // rows are many (each lane's x block then serves both rows; at M > 1 the registers would not
+  // allow 4 CTAs per SM). Rounds of 4 tiles made the object ~14 MB (every round unrolled).
+  const int64_t per_lane = ceil_div(KT, 32);
+  auto go = [&](auto r_tag, auto u_tag) {
+    constexpr int R = decltype(r_tag)::value, U = decltype(u_tag)::value;
+    constexpr auto kernel = gemv_kernel<T, K_BITS, M, R, U>;
     const int pdl = pdl_for<kernel>(device);
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
+    cfg.gridDim = dim3(unsigned(ceil_div(N, int64_t(kWarps) * R)));
     cfg.blockDim = dim3(kWarps * 32);
-    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     return launch_kernel(cfg, 1, 0, pdl, kernel, xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt,
                          static_cast<T*>(out), ldo, pdl);
   };
-  if (x_bytes <= kMaxXSmem) {
-    if (x_bytes > 48 * 1024) {
-      cudaError_t err = cudaFuncSetAttribute(gemv_kernel<T, K_BITS, M, true>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxXSmem);
-      if (err != cudaSuccess) return err;
-    }
-    return go(std::true_type{}, size_t(x_bytes));
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  if constexpr (M == 1) {
+    if (N >= 2048 && per_lane <= 2) return go(Two{}, Two{});
   }
-  return go(std::false_type{}, 0);
+  return go(One{}, Two{});
 }
 
 template <typename T, int K_BITS>

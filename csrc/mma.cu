@@ -106,13 +106,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
   }
 }
 
-// Swap the bits of a at positions (mask << d) with the bits of b at positions mask.
-__device__ __forceinline__ void delta_swap(uint32_t& a, uint32_t& b, int d, uint32_t mask) {
-  const uint32_t t = ((a >> d) ^ b) & mask;
-  b ^= t;
-  a ^= t << d;
-}
-
 // Position (0..31) inside the lane's block of the value that MMA s, slot u (0..3) uses:
 // slots 0, 1 form A register 0 (row g) / 1 (row g + 8) and slots 2, 3 registers 2 / 3 (k = 2c,
 // 2c + 1 and 2c + 8, 2c + 9 of the MMA). It follows from the decode below; the x staging
@@ -173,13 +166,6 @@ __device__ __forceinline__ void read_block(uint32_t (&w)[K_BITS], uint32_t& scal
   if constexpr (FMT == KBIT_ABSMAX_E4M4) scale_bits = *reinterpret_cast<const uint8_t*>(sp);
   else if constexpr (FMT == KBIT_ABSMAX_F16) scale_bits = *reinterpret_cast<const unsigned short*>(sp);
   else scale_bits = *reinterpret_cast<const uint32_t*>(sp);
-}
-
-// The 4x4 bit transpose within every nibble of 4 words (k = 3 passes w3 = 0): afterwards
-// nibble j of word r holds the index of value 4j + r.
-__device__ __forceinline__ void nibble_transpose(uint32_t& n0, uint32_t& n1, uint32_t& n2, uint32_t& n3) {
-  delta_swap(n0, n2, 2, 0x33333333u); delta_swap(n1, n3, 2, 0x33333333u);
-  delta_swap(n0, n1, 1, 0x55555555u); delta_swap(n2, n3, 1, 0x55555555u);
 }
 
 // One item: decode both blocks (rows g, g + 8) into the A registers of MMA s (0: row g

@@ -61,8 +61,9 @@ def _launch_args(qweight: QuantizedWeight, dev: torch.device):
         return hit[1]
     if (qweight.layout != "tiled64" or qweight.device != dev
             or not (qweight.packed.is_contiguous() and qweight.absmax.is_contiguous()
-                    and qweight.codebook.is_contiguous())):
-        return None
+                    and qweight.codebook.is_contiguous())
+            or qweight.packed.data_ptr() % 16 or qweight.absmax.data_ptr() % 16):
+        return None  # the op path checks everything and copies misaligned weights
     args = (qweight.packed.data_ptr(), qweight.absmax.data_ptr(),
             _lib.ABSMAX_CODES[qweight.absmax_format], qweight.codebook.data_ptr(), qweight.k,
             qweight.absmax_exponent)

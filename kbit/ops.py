@@ -587,6 +587,13 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
     if cfn == "kbit_wgmma":  # 16-byte aligned x rows (TMA); any output alignment
         if x.data_ptr() % 16 or x.stride(0) % 8:
             x = x.clone(memory_format=torch.contiguous_format)
+    # The kernels read the plane words with 8- / 16-byte loads (k = 2 / 4) and mma's and
+    # wgmma's bulk copies need 16-byte aligned weights: a misaligned view (kbit never makes
+    # one) is copied rather than faulting the device.
+    if packed.data_ptr() % 16:
+        packed = packed.clone()
+    if absmax.data_ptr() % 16:
+        absmax = absmax.clone()
     dev, stream = _lib.stream_of(x)
     fmt = _lib.ABSMAX_CODES[absmax_format_of(absmax)]
     k = codebook.numel().bit_length() - 1

@@ -8,6 +8,7 @@
 # csrc objects once plus one object per variant in .carry/objs, linked here first, e.g.
 #   nvcc -shared -arch=sm_90a .carry/objs/{api,gemv,quantize,repack,wgmma,dequantize}.o \
 #        .carry/objs/mma_NAME.o -o .carry/NAME.so -cudart static
+# A name of the form NAME@MODE runs its library under KBIT_PDL=MODE.
 # Usage (device, repo root): [ROUNDS=..] [BENCH_ARGS=..] [TESTS=..] bash scripts/lib_ab.sh name=lib.so ...
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -26,12 +27,13 @@ fi
 jsons=()
 for round in $(seq ${ROUNDS:-2}); do
   for spec in "$@"; do
-    name=${spec%%=*}; lib=$repo/${spec#*=}
+    name=${spec%%=*}; lib=$repo/${spec#*=}; file=${name//@/_pdl}
+    mode=${KBIT_PDL:-1}; [ "$name" != "${name%@*}" ] && mode=${name#*@}
     # shellcheck disable=SC2086
-    KBIT_LIBRARY=$lib timeout 200 python3 -m kbit.cli bench --suite linear ${BENCH_ARGS:---m 1,4,8,16 --k 4,5} \
-      --json "$OUT/${name}_$round.json" > "$OUT/${name}_$round.txt" 2>&1
-    summary+=("bench $name round $round: rc $?")
-    jsons+=("$name=$OUT/${name}_$round.json")
+    KBIT_PDL=$mode KBIT_LIBRARY=$lib timeout 200 python3 -m kbit.cli bench --suite linear ${BENCH_ARGS:---m 1,4,8,16 --k 4,5} \
+      --json "$OUT/${file}_$round.json" > "$OUT/${file}_$round.txt" 2>&1
+    summary+=("bench $name round $round: rc $? (at ${SECONDS} s)")
+    jsons+=("$name=$OUT/${file}_$round.json")
   done
 done
 python3 "$repo/scripts/lib_ab_table.py" "${jsons[@]}"

@@ -1,4 +1,4 @@
-"""`kbit bench --plot`: the dense-TOTAL speedups it draws (pure Python, no GPU)."""
+"""`kbit bench`: the dense-TOTAL speedups `--plot` draws, argument checks (pure Python, no GPU)."""
 
 import pytest
 
@@ -34,3 +34,14 @@ def test_plot_writes_png(tmp_path):
     path = tmp_path / "s.png"
     plot(dense_speedups(_linear([1, 2, 16], [2, 3])), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_unknown_kernels(capsys):
+    import argparse
+
+    from kbit import bench
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    assert bench.run(p.parse_args(["--kernels", "MMA,Nope"])) == 2
+    assert "choose from Scalar,MMA,WGMMA,dq+cuBLAS" in capsys.readouterr().err

@@ -17,7 +17,11 @@ from conftest import GPU, random_weight
 
 DEVICES = ["cpu"] + (["cuda"] if GPU else [])
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
-SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (2048, 512), (64, 16384)]  # last: x too big for smem at M=4
+# (64, 16384): several rounds of k-tiles per lane; (2049, 4021): 2 rows per warp at M = 1 with a
+# half-empty last warp, 63 k-tiles (a partial second slot), K % 8 != 0 (x's element-wise path).
+# Its last block holds 21 values: with 1 (K = 4001) a tiny block absmax can fall outside E4M4's
+# range and quantize() rightly refuses the weight (seen on the GPU, session 24)
+SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (2048, 512), (64, 16384), (2049, 4021)]
 
 
 def _rel_err(got, want):
@@ -34,14 +38,38 @@ def _reference(x, q, bias=None):
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gemv_small_m(device, k, dtype, rng):
+    """The scalar GEMV kernel itself (ops.gemv_out, NaN-poisoned output) and kbit.linear, which
+    may dispatch elsewhere."""
     for n, kdim in SHAPES if device == "cuda" else SHAPES[1:2]:
         q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
         for m in (1, 2, 3, 4):
             x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
+            want = _reference(x, q)
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+            ops.gemv_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, None, out)
+            assert _rel_err(out.cpu(), want) <= TOL[dtype], ("gemv", n, kdim, m)
             got = kbit.linear(x, q)
             assert got.shape == (m, n) and got.dtype == dtype
-            err = _rel_err(got.cpu(), _reference(x, q))
+            err = _rel_err(got.cpu(), want)
             assert err <= TOL[dtype], (n, kdim, m, err)
+
+
+@pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
+@pytest.mark.parametrize("name", ["gemv", "mma"])
+def test_small_m_misaligned_weights(device, name, rng):
+    """Weights viewed 4 bytes off a 16-byte boundary (kbit never makes such views) give the
+    aligned result: the op copies them instead of letting vector loads fault the device."""
+    n, kdim = 200, 4128
+    for k in (2, 4):
+        q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device), k=k))
+        buf = torch.empty(q.packed.numel() + 4, dtype=torch.int32, device=device)
+        packed = buf[1:1 + q.packed.numel()].view(q.packed.shape)
+        packed.copy_(q.packed)
+        assert packed.data_ptr() % 16 != 0
+        x = torch.randn(3, kdim, generator=rng).to(torch.float16).to(device)
+        args = (q.absmax, q.codebook, n, kdim, q.absmax_exponent)
+        torch.testing.assert_close(getattr(ops, name)(x, packed, *args), getattr(ops, name)(x, q.packed, *args),
+                                   rtol=0, atol=0)
 
 
 MMA_SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (8, 33), (2048, 512), (136, 5120),
@@ -75,9 +103,10 @@ def test_mma_small_m(device, k, dtype, rng):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("absmax_format", ["e4m4", "fp16", "fp32"])
-@pytest.mark.parametrize("name", ["mma", "wgmma"])
+@pytest.mark.parametrize("name", ["gemv", "mma", "wgmma"])
 def test_mma_absmax_formats_exponent_bias(device, absmax_format, name, rng):
-    """Both tensor-core kernels (wgmma: compute capability 9.0 only, M past 64 too)."""
+    """The scalar GEMV (M <= 4) and both tensor-core kernels (wgmma: compute capability 9.0
+    only, M past 64 too)."""
     if name == "wgmma" and device == "cuda" and not ops.wgmma_supports(1, 320, 72, 4, device):
         pytest.skip("wgmma needs a compute capability 9.0 GPU (sm_90a build)")
     # weights ~1e-7 and ~1e3: per-tensor exponents far from 0 for E4M4
@@ -85,7 +114,7 @@ def test_mma_absmax_formats_exponent_bias(device, absmax_format, name, rng):
         w = random_weight(72, 320, gen=rng, device=device, spread=1.0) * scale
         q = kbit.repack(kbit.quantize(w, k=4, absmax_format=absmax_format))
         bias = torch.randn(72, generator=rng).to(torch.bfloat16).to(device) * scale
-        for m in (1, 6, 13) + ((80,) if name == "wgmma" else ()):
+        for m in (1, 3) if name == "gemv" else (1, 6, 13) + ((80,) if name == "wgmma" else ()):
             x = torch.randn(m, 320, generator=rng).to(torch.bfloat16).to(device)
             got = getattr(ops, name)(x, q.packed, q.absmax, q.codebook, 72, 320, q.absmax_exponent, bias)
             err = _rel_err(got.cpu(), _reference(x, q, bias))
@@ -309,6 +338,10 @@ def test_make_dispatch_ranges():
     best = {1: "gemv", 2: "mma", 4: "mma", 8: "mma", 16: "dq", 32: "dq"}
     assert mod.ranges(best) == ((1, "gemv"), (8, "mma"))
     assert mod.ranges({1: "mma", 2: "dq", 4: "mma"}) == ((1, "mma"), (2, "dq"), (4, "mma"))
+    # a `kbit bench --kernels` result cannot make a table; older results (no "kernels") can
+    assert mod.unmeasured({"kernels": ["MMA"]}) == ["Scalar", "WGMMA", "dq+cuBLAS"]
+    assert mod.unmeasured({"kernels": ["Scalar", "MMA", "WGMMA", "dq+cuBLAS"]}) == []
+    assert mod.unmeasured({}) == []
 
 
 @pytest.mark.parametrize("device", DEVICES)

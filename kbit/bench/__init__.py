@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--m", default=DEFAULT_M, help=f"M values of the linear suite (default {DEFAULT_M})")
     p.add_argument("--k", default="2,3,4,5", help="comma-separated bit widths (default 2,3,4,5)")
     p.add_argument("--shapes", default=None, help="comma-separated shape names (default: all of the suite)")
+    p.add_argument("--kernels", default=None, help="comma-separated kbit kernel columns of the "
+                   "linear suite (default all: Scalar,MMA,WGMMA,dq+cuBLAS); fewer for quick A/B runs")
     p.add_argument("--json", metavar="PATH", help="write all results as JSON here")
     p.add_argument("--repeats", type=int, default=15, help="graph replays per measurement")
     p.add_argument("--plot", metavar="PATH", help="PNG of the dense-TOTAL speedup vs M per k "
@@ -59,6 +61,12 @@ def run(args) -> int:
         plot(dense_speedups(saved["linear"]), args.plot, saved.get("info", {}).get("device", ""))
         print(f"wrote {args.plot}")
         return 0
+    from .linear_suite import KERNELS
+
+    kernels = args.kernels.split(",") if args.kernels else list(KERNELS)
+    if not kernels or any(kern not in KERNELS for kern in kernels):
+        print(f"--kernels {args.kernels!r}: choose from {','.join(KERNELS)}", file=sys.stderr)
+        return 2
     import torch
 
     if not torch.cuda.is_available():
@@ -102,7 +110,8 @@ def run(args) -> int:
         if unknown:
             print(f"unknown shapes {unknown}; choose from {list(DENSE) + list(EXTRA)}", file=sys.stderr)
             return 2
-        result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, shapes, args.repeats)
+        result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, shapes, args.repeats,
+                                      kernels)
     if args.plot and "linear" in result:
         from .plot import dense_speedups, plot
 

@@ -76,8 +76,9 @@ class _Weights:
         self.buf = torch.empty(N, K, dtype=torch.float16, device="cuda")
 
 
-def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks):
-    """fp16 and every kbit kernel at one (shape, M); the SM clock is read after each cell."""
+def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks, kernels):
+    """fp16 and every kbit kernel of `kernels` at one (shape, M); the SM clock is read after
+    each cell."""
     K, N = wt.K, wt.N
     x = torch.randn(m, K, dtype=torch.float16, device="cuda")
     y = torch.empty(m, N, dtype=torch.float16, device="cuda")
@@ -87,17 +88,17 @@ def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks):
         q, packs = wt.q[k], wt.packs[k]
         nq = len(packs)
         row = {}
-        if m <= ops.GEMV_MAX_M:
+        if "Scalar" in kernels and m <= ops.GEMV_MAX_M:
             row["Scalar"] = graph_time_us(
                 lambda i: ops.gemv_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
                 nq, repeats=repeats)
             clk.append(sm_clock_mhz())
-        if ops.mma_supports(m, K, N, k, "cuda"):
+        if "MMA" in kernels and ops.mma_supports(m, K, N, k, "cuda"):
             row["MMA"] = graph_time_us(
                 lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
                 nq, repeats=repeats)
             clk.append(sm_clock_mhz())
-        if ops.wgmma_supports(m, K, N, k, "cuda"):
+        if "WGMMA" in kernels and ops.wgmma_supports(m, K, N, k, "cuda"):
             row["WGMMA"] = graph_time_us(
                 lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
                 nq, repeats=repeats)
@@ -107,13 +108,15 @@ def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks):
             ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", 0, wt.buf)
             torch.matmul(x, wt.buf.T, out=y)
 
-        row["dq+cuBLAS"] = graph_time_us(dq, nq, repeats=repeats)
-        clk.append(sm_clock_mhz())
+        if "dq+cuBLAS" in kernels or not row:  # every cell gets at least one kernel
+            row["dq+cuBLAS"] = graph_time_us(dq, nq, repeats=repeats)
+            clk.append(sm_clock_mhz())
         results[(m, name, k)] = row
     clocks[(m, name)] = clk
 
 
-def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) -> dict:
+def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
+               kernels: list[str] = KERNELS) -> dict:
     results = {}  # (M, shape, k) -> {kernel: us}
     fp16 = {}  # (M, shape) -> us
     weight_bytes = {}  # (shape, k) -> bytes of packed + absmax
@@ -130,7 +133,7 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) ->
     for m in sorted(ms):
         _progress(f"M={m}")
         for name in dense + [e for e in extra if m <= EXTRA_MAX_M]:
-            _measure_cells(name, weights[name], m, ks, repeats, results, fp16, clocks)
+            _measure_cells(name, weights[name], m, ks, repeats, results, fp16, clocks, kernels)
     del weights
     torch.cuda.empty_cache()
     wall, gpu = host_overhead_us()
@@ -174,6 +177,7 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int) ->
     for m in ms:
         print(f"| {m} | " + " | ".join(f"{summary[(m, k)][1] / summary[(m, k)][0]:.2f}x" for k in ks) + " |")
     return {
+        "kernels": list(kernels),
         "floor_us": floor,
         "eager_linear_m1_wall_us": wall,
         "fp16_us": {f"{m},{s}": v for (m, s), v in fp16.items()},
