@@ -22,6 +22,8 @@
 // N * 8k bytes apart (weights): ~8x the L1 wavefronts of coalesced loads. So it wins only on
 // small weights, where a call is all latency: H100, cold, M = 1, k = 4 (bench v29): KV (512 x
 // 2048) 3.1 us vs mma 3.9 (the old GEMV 4.5); gateup 9.8 vs mma 6.0 (the old GEMV 8.9).
+#include <stdio.h>
+
 #include "common.cuh"
 
 namespace kbit {
@@ -60,44 +62,67 @@ __device__ __forceinline__ void load_x_block(uint32_t (&xw)[M][16], const T* __r
   }
 }
 
-// Value v (0..31) of a block of x as a float, from its packed pairs.
+// Values 4j .. 4j + 3 (j = 0..7) of a block of x as floats, from its packed pairs.
 template <typename T>
-__device__ __forceinline__ float x_value(const uint32_t (&xw)[16], int v) {
-  const uint32_t bits = (xw[v >> 1] >> (16 * (v & 1))) & 0xffffu;
-  if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)bits));
-  else return __uint_as_float(bits << 16);
+__device__ __forceinline__ float4 x_quad(const uint32_t (&xw)[16], int j) {
+  float f[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t bits = (xw[2 * j + (i >> 1)] >> (16 * (i & 1))) & 0xffffu;
+    if constexpr (std::is_same<T, __half>::value) f[i] = __half2float(__ushort_as_half((unsigned short)bits));
+    else f[i] = __uint_as_float(bits << 16);
+  }
+  return make_float4(f[0], f[1], f[2], f[3]);
 }
 
-// sum[m] += codebook[idx(v)] * x[m][v] over the 32 values of one block.
-template <typename T, int K_BITS, int M>
-__device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb, const uint32_t (&xw)[M][16],
-                                          float (&sum)[M]) {
+__device__ __forceinline__ float quad_at(const float4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// sum[m] += codebook[idx(v)] * x[m][v] over the 32 values of one block; xq(m, j) gives token
+// m's values 4j .. 4j + 3 as a float4 (packed pairs in registers for gemv_kernel, fp32 in
+// shared memory for gemv_rows_kernel).
+template <int K_BITS, int M, typename XQuad>
+__device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb, XQuad&& xq, float (&sum)[M]) {
   uint32_t t0 = w[0], t1 = w[1], t2 = K_BITS > 2 ? w[2] : 0u, t3 = K_BITS > 3 ? w[3] : 0u;
   nibble_transpose(t0, t1, t2, t3);
-  const uint32_t t[4] = {t0, t1, t2, t3};
+  const uint32_t t[4] = {t0, t1, t2, t3};  // nibble j of t[r]: the index of value 4j + r
+  if constexpr (K_BITS == 5) {
+    // byte i of e[r] (o[r]): index of value 8i + r (8i + 4 + r), its fifth bit as bit 4
+    uint32_t e[4], o[4];
+    const uint32_t hi = w[4 % K_BITS];
 #pragma unroll
-  for (int r = 0; r < 4; r++) {
-    if constexpr (K_BITS == 5) {
-      // byte i of e (o): index of value 8i + r (8i + 4 + r), its fifth bit as bit 4
-      const uint32_t hi = w[4 % K_BITS];
-      const uint32_t e = (t[r] & 0x0f0f0f0fu) | (((hi >> r) & 0x01010101u) << 4);
-      const uint32_t o = ((t[r] >> 4) & 0x0f0f0f0fu) | (((hi >> (r + 4)) & 0x01010101u) << 4);
+    for (int r = 0; r < 4; r++) {
+      e[r] = (t[r] & 0x0f0f0f0fu) | (((hi >> r) & 0x01010101u) << 4);
+      o[r] = ((t[r] >> 4) & 0x0f0f0f0fu) | (((hi >> (r + 4)) & 0x01010101u) << 4);
+    }
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const float we = __shfl_sync(0xffffffffu, cb, int(e >> (8 * i)));
-        const float wo = __shfl_sync(0xffffffffu, cb, int(o >> (8 * i)));
+    for (int i = 0; i < 4; i++) {
+      float4 xe[M], xo[M];
+#pragma unroll
+      for (int m = 0; m < M; m++) { xe[m] = xq(m, 2 * i); xo[m] = xq(m, 2 * i + 1); }
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        const float we = __shfl_sync(0xffffffffu, cb, int(e[r] >> (8 * i)));
+        const float wo = __shfl_sync(0xffffffffu, cb, int(o[r] >> (8 * i)));
 #pragma unroll
         for (int m = 0; m < M; m++) {
-          sum[m] = fmaf(we, x_value<T>(xw[m], 8 * i + r), sum[m]);
-          sum[m] = fmaf(wo, x_value<T>(xw[m], 8 * i + 4 + r), sum[m]);
+          sum[m] = fmaf(we, quad_at(xe[m], r), sum[m]);
+          sum[m] = fmaf(wo, quad_at(xo[m], r), sum[m]);
         }
       }
-    } else {
+    }
+  } else {
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < 8; j++) {
+      float4 xv[M];
+#pragma unroll
+      for (int m = 0; m < M; m++) xv[m] = xq(m, j);
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
         const float wv = __shfl_sync(0xffffffffu, cb, int(t[r] >> (4 * j)));
 #pragma unroll
-        for (int m = 0; m < M; m++) sum[m] = fmaf(wv, x_value<T>(xw[m], 4 * j + r), sum[m]);
+        for (int m = 0; m < M; m++) sum[m] = fmaf(wv, quad_at(xv[m], r), sum[m]);
       }
     }
   }
@@ -174,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
           float sum[M];
 #pragma unroll
           for (int m = 0; m < M; m++) sum[m] = 0.f;
-          block_dot<T, K_BITS, M>(tile[u][r].w[h], cb, xw, sum);
+          block_dot<K_BITS, M>(tile[u][r].w[h], cb, [&](int m, int j) { return x_quad<T>(xw[m], j); }, sum);
           const float scale = absmax_of_bits(tile[u][r].sbits[h], absmax_format);
 #pragma unroll
           for (int m = 0; m < M; m++) acc[r][m] = fmaf(sum[m], scale, acc[r][m]);
@@ -205,6 +230,156 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
   }
 }
 
+// gemv_rows_kernel: M = 1 with coalesced weights (session 24). Lane l of a warp takes row
+// n0 + l % RL and k phase warp * 32 / RL + l / RL; a CTA of W warps covers RL rows with
+// W * 32 / RL phases, tile kt going to phase kt mod (W * 32 / RL). tiled64 stores the (kt, n)
+// tiles of consecutive n one after another, so the RL lanes of a phase read RL * 8k
+// contiguous bytes. x is the same for every row: the CTA stages all of it once in shared
+// memory as fp32 (zeros past K) while its first tiles are in flight, and every lane reads its
+// tile's 64 values as float4 broadcasts. The decode is gemv_kernel's (block_dot: one shuffle
+// per value, fp32 block sums, one scale per block). Partial sums meet in a shuffle over the
+// phases of a warp, then in shared memory over the warps.
+template <typename T, int K_BITS, int RL, int U>
+__global__ void __launch_bounds__(256) gemv_rows_kernel(
+    const T* __restrict__ x, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
+    int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
+    float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int pdl) {
+  extern __shared__ float4 rows_smem[];
+  float* xs = reinterpret_cast<float*>(rows_smem);  // KT * 64 floats
+  float* red = xs + KT * 64;                          // W * RL partial sums
+  constexpr int G = 32 / RL;                          // phases per warp
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const int64_t P = int64_t(W) * G;                   // phases per CTA
+  const int64_t n = int64_t(blockIdx.x) * RL + lane % RL;
+  const int64_t phase = warp * G + lane / RL, warp_phase = warp * G;
+  const bool row_ok = n < N;
+  auto tile_block = [&](int64_t kt) { return (kt * N + n) * kTileBlocks; };  // block 0 of (kt, n)
+  if (pdl > 0) {
+    if (pdl >= 2 && row_ok && phase < KT) {
+      prefetch_l2(packed + tile_block(phase) * K_BITS);
+      prefetch_l2(packed + (tile_block(phase) + kTileBlocks) * K_BITS - 1);
+    }
+    pdl_wait();
+  }
+  const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));  // the shuffles' table
+  // A round: U tiles per lane, tile u at kt = base + u * P + phase. A slot is skipped when no
+  // lane of the warp has it (warp-uniform, as the shuffles need); a lane without a tile (past
+  // KT or N) decodes block 0 with scale 0.
+  Tile<K_BITS> tile[U];
+  auto load_round = [&](int64_t base) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (base + u * P + warp_phase >= KT) break;
+      const int64_t kt = base + u * P + phase;
+      const bool ok = row_ok && kt < KT;
+      const int64_t blk = ok ? tile_block(kt) : 0;
+#pragma unroll
+      for (int h = 0; h < kTileBlocks; h++) {
+        load_words<K_BITS, true>(tile[u].w[h], packed + (blk + h) * K_BITS);
+        const uint32_t sb = load_absmax_bits<true>(absmax, absmax_format, blk + h);
+        tile[u].sbits[h] = ok ? sb : 0u;
+      }
+    }
+  };
+  load_round(0);
+  // x -> fp32 in shared memory, 8 values per thread and step
+  for (int64_t i = int64_t(threadIdx.x) * 8; i < KT * 64; i += int64_t(blockDim.x) * 8) {
+    float f[8];
+    if (vec_x && i + 8 <= K) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + i));
+      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const unsigned short bits = (unsigned short)(wv[e >> 1] >> (16 * (e & 1)));
+        if constexpr (std::is_same<T, __half>::value) f[e] = __half2float(__ushort_as_half(bits));
+        else f[e] = __uint_as_float(uint32_t(bits) << 16);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++) f[e] = i + e < K ? to_float(x[i + e]) : 0.f;
+    }
+    reinterpret_cast<float4*>(xs + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(xs + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  __syncthreads();
+  float acc = 0.f;
+  for (int64_t base = 0; base < KT; base += P * U) {
+    if (base > 0) load_round(base);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (base + u * P + warp_phase >= KT) break;
+      const int64_t kt = base + u * P + phase;
+      const float4* xq = reinterpret_cast<const float4*>(xs + (kt < KT ? kt : 0) * 64);
+#pragma unroll
+      for (int h = 0; h < kTileBlocks; h++) {
+        float sum[1] = {0.f};
+        block_dot<K_BITS, 1>(tile[u].w[h], cb, [&](int, int j) { return xq[8 * h + j]; }, sum);
+        acc = fmaf(sum[0], absmax_of_bits(tile[u].sbits[h], absmax_format), acc);
+      }
+    }
+  }
+  if (pdl > 0) pdl_trigger();
+#pragma unroll
+  for (int d = RL; d < 32; d <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+  if (lane < RL) red[warp * RL + lane] = acc;
+  __syncthreads();
+  if (threadIdx.x < RL) {
+    const int64_t row = int64_t(blockIdx.x) * RL + threadIdx.x;
+    float v = 0.f;
+    for (int w = 0; w < W; w++) v += red[w * RL + threadIdx.x];
+    if (row < N) out[row] = from_float<T>(v * shift_up + (bias != nullptr ? to_float(bias[row]) : 0.f));
+  }
+}
+
+// gemv_rows_kernel's (rows per CTA, warps per CTA): forced by kbit_gemv_force_rows (tests,
+// experiments; starts from KBIT_GEMV_ROWS="RL,W"), -1 = never, 0 = automatic.
+struct RowsChoice {
+  int rl = 0, warps = 0;
+};
+inline RowsChoice& forced_rows() {
+  static RowsChoice v = [] {
+    RowsChoice c;
+    if (const char* e = getenv("KBIT_GEMV_ROWS")) {
+      if (sscanf(e, "%d,%d", &c.rl, &c.warps) < 1) c.rl = 0;
+    }
+    return c;
+  }();
+  return v;
+}
+
+// M = 1 through gemv_rows_kernel when it applies (N >= 1024 and x fits 48 KB of shared memory
+// as fp32); returns false (nothing launched) otherwise.
+template <typename T, int K_BITS>
+bool launch_rows(int device, cudaStream_t s, const T* x, const int32_t* packed, const void* absmax, int fmt,
+                 const float* cb, int64_t N, int64_t K, int64_t KT, float shift_up, bool vec_x, const T* bias,
+                 T* out, cudaError_t& err) {
+  RowsChoice c = forced_rows();
+  if (c.rl < 0 || (c.rl == 0 && N < 1024)) return false;
+  if (c.rl == 0) {  // automatic: 16 rows per CTA; 8 warps where 4 would give under 2 CTAs per SM
+    c.rl = 16;
+    c.warps = ceil_div(N, 16) < 2 * device_info(device).sms ? 8 : 4;
+  }
+  if (c.warps < 1 || c.warps > 8 || (c.rl != 8 && c.rl != 16 && c.rl != 32)) return false;
+  const int64_t smem = (KT * 64 + int64_t(c.warps) * c.rl) * 4;
+  if (smem > 48 * 1024) return false;
+  auto go = [&](auto rl_tag) {
+    constexpr int RL = decltype(rl_tag)::value;
+    constexpr auto kernel = gemv_rows_kernel<T, K_BITS, RL, 4>;
+    const int pdl = pdl_for<kernel>(device);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(ceil_div(N, int64_t(RL))));
+    cfg.blockDim = dim3(c.warps * 32);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cfg.stream = s;
+    return launch_kernel(cfg, 1, 0, pdl, kernel, x, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
+                         pdl);
+  };
+  if (c.rl == 8) err = go(std::integral_constant<int, 8>{});
+  else if (c.rl == 16) err = go(std::integral_constant<int, 16>{});
+  else err = go(std::integral_constant<int, 32>{});
+  return true;
+}
+
 template <typename T, int K_BITS, int M>
 cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const int32_t* packed,
                    const void* absmax, int fmt, const float* cb, int64_t N, int64_t K,
@@ -233,6 +408,10 @@ cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
   if constexpr (M == 1) {
+    cudaError_t err = cudaSuccess;
+    if (launch_rows<T, K_BITS>(device, s, xt, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt,
+                               static_cast<T*>(out), err))
+      return err;
     if (N >= 2048 && per_lane <= 2) return go(Two{}, Two{});
   }
   return go(One{}, Two{});
@@ -266,6 +445,8 @@ cudaError_t launch_k(int k, int m, int device, cudaStream_t s, const void* x, in
 
 }  // namespace
 }  // namespace kbit
+
+extern "C" void kbit_gemv_force_rows(int rows, int warps) { kbit::forced_rows() = {rows, warps}; }
 
 extern "C" int kbit_gemv(int device, void* stream, const void* x, int dtype, int64_t M,
                          int64_t ldx, const int32_t* packed, const void* absmax,

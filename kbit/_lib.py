@@ -65,6 +65,7 @@ _SIGNATURES = {
     "kbit_device_smem_optin": ([_c_int], _c_int),
     "kbit_mma_ksplit": ([_c_int, _c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], _c_int),
     "kbit_mma_force_ksplit": ([_c_int], None),
+    "kbit_gemv_force_rows": ([_c_int, _c_int], None),
     "kbit_repack": (
         [_c_int, _c_p, _c_p, _c_p, _c_int, _c_int, _c_i64, _c_i64, _c_int, _c_int, _c_p, _c_p],
         _c_int,

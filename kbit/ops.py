@@ -482,6 +482,14 @@ def force_mma_ksplit(S: int) -> None:
     _max_m.clear()
 
 
+def force_gemv_rows(rows: int, warps: int = 0) -> None:
+    """Tests and experiments: the M = 1 scalar GEMV's coalesced variant (gemv_rows_kernel) with
+    `rows` rows (8, 16, 32) and `warps` warps (1..8) per CTA for every call it can take; 0 =
+    automatic again, -1 = never (the lane-per-k-tile kernel)."""
+    if _lib.available():
+        _lib._lib.kbit_gemv_force_rows(int(rows), int(warps))
+
+
 def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
     _check_tensor("x", x, ACT_DTYPES)
     if x.dim() != 2 or x.shape[1] != kdim:

@@ -55,6 +55,28 @@ def test_gemv_small_m(device, k, dtype, rng):
 
 
 @pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
+@pytest.mark.parametrize("rows,warps", [(8, 1), (16, 8), (32, 3)])
+def test_gemv_rows_configs(device, rows, warps, rng):
+    """The M = 1 GEMV's coalesced variant (gemv_rows_kernel) forced to several CTA shapes: N not
+    a multiple of the rows per CTA, K past the last full tile, K near its 48 KB x limit
+    (12000), x at an odd element offset (no 16-byte loads), a bias."""
+    try:
+        ops.force_gemv_rows(rows, warps)
+        for n, kdim in ((1040, 96), (2049, 4021), (1024, 12000)):
+            for k in (2, 3, 4, 5):
+                q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
+                for dtype in (torch.float16, torch.bfloat16):
+                    buf = torch.randn(kdim + 1, generator=rng).to(dtype).to(device)
+                    for x in (buf[:kdim].view(1, kdim), buf[1:].view(1, kdim)):
+                        bias = torch.randn(n, generator=rng).to(dtype).to(device)
+                        out = torch.full((1, n), float("nan"), dtype=dtype, device=device)
+                        ops.gemv_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
+                        assert _rel_err(out.cpu(), _reference(x, q, bias)) <= TOL[dtype], (n, kdim, k, dtype)
+    finally:
+        ops.force_gemv_rows(0, 0)
+
+
+@pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
 @pytest.mark.parametrize("name", ["gemv", "mma"])
 def test_small_m_misaligned_weights(device, name, rng):
     """Weights viewed 4 bytes off a 16-byte boundary (kbit never makes such views) give the
