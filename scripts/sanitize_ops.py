@@ -1,8 +1,25 @@
-"""Small run of every CUDA kernel, for compute-sanitizer (memcheck, racecheck, initcheck)."""
+"""Small run of every CUDA kernel, for compute-sanitizer (memcheck, racecheck, initcheck).
+`python3 scripts/sanitize_ops.py rows` runs only the M = 1 GEMV's coalesced variant."""
+import sys
+
 import torch
 
 import kbit
 from kbit import ops
+
+# the M = 1 GEMV's coalesced variant (gemv_rows_kernel) in several CTA shapes (rows, warps),
+# N not a multiple of its rows, K past the last full tile
+for rows, warps in ((8, 1), (16, 8), (32, 3), (0, 0)):
+    ops.force_gemv_rows(rows, warps)
+    for k in (2, 5):
+        for n, kdim in ((9, 256), (1040, 4021)):
+            t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
+            ops.gemv(torch.randn(1, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook, n, kdim,
+                     t.absmax_exponent)
+ops.force_gemv_rows(0, 0)
+if sys.argv[1:] == ["rows"]:
+    print("sanitize_ops: done (rows)")
+    sys.exit(0)
 
 for k in (2, 3, 4, 5):
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -20,7 +37,7 @@ for k in (2, 3, 4, 5):
                     args = (t.packed, t.absmax, t.codebook, n, kdim, t.absmax_exponent, bias)
                     for m in (1, 2, 3, 4):
                         ops.gemv(torch.randn(m, kdim, device="cuda").to(dtype), *args)
-                    for m in (1, 2, 5, 9, 16):  # 1, 2: the block-column variant
+                    for m in (1, 2, 5, 9, 16):
                         ops.mma(torch.randn(m, kdim, device="cuda").to(dtype), *args)
                     kbit.linear(torch.randn(17, kdim, device="cuda").to(dtype), t, bias)
 # mma with few row groups and many k steps per CTA, M <= 8 and M = 9..16
