@@ -350,17 +350,20 @@ inline RowsChoice& forced_rows() {
   return v;
 }
 
-// M = 1 through gemv_rows_kernel when it applies (N >= 1024 and x fits 48 KB of shared memory
-// as fp32); returns false (nothing launched) otherwise.
+// M = 1 through gemv_rows_kernel when it applies (x fits 48 KB of shared memory as fp32);
+// returns false (nothing launched) otherwise.
 template <typename T, int K_BITS>
 bool launch_rows(int device, cudaStream_t s, const T* x, const int32_t* packed, const void* absmax, int fmt,
                  const float* cb, int64_t N, int64_t K, int64_t KT, float shift_up, bool vec_x, const T* bias,
                  T* out, cudaError_t& err) {
   RowsChoice c = forced_rows();
-  if (c.rl < 0 || (c.rl == 0 && N < 1024)) return false;
-  if (c.rl == 0) {  // automatic: 16 rows per CTA; 8 warps where 4 would give under 2 CTAs per SM
-    c.rl = 16;
-    c.warps = ceil_div(N, 16) < 2 * device_info(device).sms ? 8 : 4;
+  if (c.rl < 0) return false;
+  if (c.rl == 0) {  // automatic, from the sweep (NOTES.md v29): 8 x 8 where 16-row CTAs would
+    // be under 2 per SM (KV, down, O), then 16 x 8, then 16 x 4 (gateup). NOT YET MEASURED as
+    // a rule (the sweep timed each configuration forced): bench it before landing.
+    const int64_t sms = device_info(device).sms;
+    if (ceil_div(N, 8) < 2 * sms) c = {8, 8};
+    else c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
   }
   if (c.warps < 1 || c.warps > 8 || (c.rl != 8 && c.rl != 16 && c.rl != 32)) return false;
   const int64_t smem = (KT * 64 + int64_t(c.warps) * c.rl) * 4;
