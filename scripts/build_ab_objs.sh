@@ -6,7 +6,8 @@
 #   - full.o: the working tree's mma.cu with every kernel (for the tests);
 #   - mma_NAME.o per variant NAME="nvcc flags", built from the working tree's mma.cu with
 #     -DKBIT_MMA_AB_ONLY=1 (fp16 + E4M4 kernels only: what `kbit bench` times; ~6 MB instead
-#     of 15.7), or, for NAME=base, from mma.cu of the revision in $BASE_REV (default main; full
+#     of 15.7; only branch s23-small-m's mma.cu has that switch: main's builds every kernel,
+#     so carry at most 2 variants of it), or, for NAME=base, from mma.cu of the revision in $BASE_REV (default main; full
 #     size where that revision predates KBIT_MMA_AB_ONLY), with that revision's gemv.cu as
 #     gemv_base.o (the Scalar column's A/B).
 # Two compiles at a time (this machine has 2 cores; mma.cu alone takes ~6 min, an AB_ONLY

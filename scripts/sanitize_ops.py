@@ -20,7 +20,7 @@ for k in (2, 3, 4, 5):
                     args = (t.packed, t.absmax, t.codebook, n, kdim, t.absmax_exponent, bias)
                     for m in (1, 2, 3, 4):
                         ops.gemv(torch.randn(m, kdim, device="cuda").to(dtype), *args)
-                    for m in (1, 2, 5, 9, 16):  # 1, 2: the block-column variant
+                    for m in (1, 2, 5, 9, 16):
                         ops.mma(torch.randn(m, kdim, device="cuda").to(dtype), *args)
                     kbit.linear(torch.randn(17, kdim, device="cuda").to(dtype), t, bias)
 # mma with few row groups and many k steps per CTA, M <= 8 and M = 9..16
