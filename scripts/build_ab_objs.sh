@@ -6,9 +6,10 @@
 #   - full.o: the working tree's mma.cu with every kernel (for the tests);
 #   - mma_NAME.o per variant NAME="nvcc flags", built from the working tree's mma.cu with
 #     -DKBIT_MMA_AB_ONLY=1 (fp16 + E4M4 kernels only: what `kbit bench` times; ~6 MB instead
-#     of 15.7), or, for NAME=base, from mma.cu of the revision in $BASE_REV (default main; full
-#     size where that revision predates KBIT_MMA_AB_ONLY), with that revision's gemv.cu as
-#     gemv_base.o (the Scalar column's A/B).
+#     of 15.7; only branch s23-small-m's mma.cu has that switch: main's builds every kernel,
+#     so carry at most 2 variants of it), or, for NAME=base, from mma.cu of the revision in
+#     $BASE_REV (default main), with that revision's gemv.cu as gemv_base.o (the Scalar
+#     column's A/B).
 # Two compiles at a time (this machine has 2 cores; mma.cu alone takes ~6 min, an AB_ONLY
 # variant ~2.5). full.o doubles as the working tree's default variant (link_ab.sh: `full`).
 # Example (session 23's set, NOTES.md v28; ~61 MB of objects):
@@ -20,7 +21,6 @@ out=$repo/.carry/nl
 mkdir -p "$out"
 tmp=$(mktemp -d)
 flags=(-arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Xcompiler -fPIC -DKBIT_HAS_SM90A -I"$repo/csrc")
-jobs=()
 build() {  # build OUT SRC [flags...], at most 2 at a time
   local o=$1 src=$2; shift 2
   while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 2; done
