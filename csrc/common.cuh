@@ -88,6 +88,17 @@ __device__ __forceinline__ uint32_t load_absmax_bits(const void* absmax, int for
   if (format == KBIT_ABSMAX_F16) return load_ro<STREAM>(static_cast<const unsigned short*>(absmax) + i);
   return __float_as_uint(load_ro<STREAM>(static_cast<const float*>(absmax) + i));
 }
+// The same, or 0 when !valid (scale 0: the block decodes to zeros whatever its words). The load
+// is predicated, not followed by a select: `valid ? bits : 0` right after the load made the
+// warp wait for the load there, because ptxas does not sink the select out of its basic block
+// (ncu source counters, NOTES.md v31: mma's ring items each paid their full latency before the
+// table build or the next decode).
+template <bool STREAM = false>
+__device__ __forceinline__ uint32_t load_absmax_bits_if(const void* absmax, int format, int64_t i, bool valid) {
+  uint32_t bits = 0u;
+  if (valid) bits = load_absmax_bits<STREAM>(absmax, format, i);
+  return bits;
+}
 __device__ __forceinline__ float absmax_of_bits(uint32_t bits, int format) {
   if (format == KBIT_ABSMAX_E4M4) return e4m4_decode(bits);
   if (format == KBIT_ABSMAX_F16) return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));

@@ -181,8 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
 #pragma unroll
         for (int h = 0; h < kTileBlocks; h++) {
           load_words<K_BITS, true>(tile[u][r].w[h], packed + (blk + h) * K_BITS);
-          const uint32_t s = load_absmax_bits<true>(absmax, absmax_format, blk + h);
-          tile[u][r].sbits[h] = ok ? s : 0u;
+          tile[u][r].sbits[h] = load_absmax_bits_if<true>(absmax, absmax_format, blk + h, ok);
         }
       }
     }
@@ -279,8 +278,7 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
         load_words<K_BITS, true>(tile[u].w[h], packed + (blk + h) * K_BITS);
-        const uint32_t sb = load_absmax_bits<true>(absmax, absmax_format, blk + h);
-        tile[u].sbits[h] = ok ? sb : 0u;
+        tile[u].sbits[h] = load_absmax_bits_if<true>(absmax, absmax_format, blk + h, ok);
       }
     }
   };

@@ -77,6 +77,23 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 #ifndef KBIT_MMA_EVICT_FIRST
 #define KBIT_MMA_EVICT_FIRST 1
 #endif
+// KBIT_MMA_AB_ONLY=1 (experiment builds, scripts/build_ab_objs.sh): only fp16 activations with
+// E4M4 scales, what `kbit bench` times; other calls fail with cudaErrorNotSupported (an object
+// of ~6 MB instead of ~15, so that several variants of this file fit one device call's carry).
+#ifndef KBIT_MMA_AB_ONLY
+#define KBIT_MMA_AB_ONLY 0
+#endif
+// The register ring's main loop (NOTES.md v31): KBIT_MMA_PEEL = 1 (default) runs the first
+// round of ring items before the loop, as straight-line code after the prologue's barrier, at
+// NT = 1 (M <= 8: 0.1-0.4 us faster per M = 1 call on the H100; at NT = 2 it was 0-0.3 us
+// slower); KBIT_MMA_REFILL_ALWAYS (experiment, slower) refills every slot (items past the
+// warp's last load block 0 with scale 0 and are never decoded), so the refill has no branch.
+#ifndef KBIT_MMA_PEEL
+#define KBIT_MMA_PEEL 1
+#endif
+#ifndef KBIT_MMA_REFILL_ALWAYS
+#define KBIT_MMA_REFILL_ALWAYS 0
+#endif
 #ifndef KBIT_MMA_BULK_MIN_RG
 #define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
 #endif
@@ -135,8 +152,9 @@ struct Item {
   uint32_t scale_bits[2];
 };
 
-// One block's words and stored absmax. An invalid block (row >= N or k-tile >= KT) reads
-// block 0, which always exists, and gets scale 0 (so its values decode to 0 in every format).
+// One block's words and stored absmax. An invalid block (row >= N or k-tile >= KT) reads the
+// words of block 0, which always exists, and gets scale 0 without a load (so its values decode
+// to 0 in every format).
 template <int K_BITS, int FMT>
 __device__ __forceinline__ void load_block(uint32_t (&w)[K_BITS], uint32_t& scale_bits,
                                            const int32_t* __restrict__ packed,
@@ -145,8 +163,7 @@ __device__ __forceinline__ void load_block(uint32_t (&w)[K_BITS], uint32_t& scal
   const uint32_t blk = valid ? block : 0u;
   constexpr bool kStream = KBIT_MMA_EVICT_FIRST != 0;
   load_words<K_BITS, kStream>(w, packed + blk * K_BITS);
-  const uint32_t s = load_absmax_bits<kStream>(absmax, FMT, blk);
-  scale_bits = valid ? s : 0u;
+  scale_bits = load_absmax_bits_if<kStream>(absmax, FMT, blk, valid);
 }
 
 // One block's words and stored absmax from a bulk-copied stage in shared memory.
@@ -700,14 +717,18 @@ __device__ __forceinline__ void mma_body(
     }
   }
   Cursor cur = cursor_at(item0);
-  for (int base = 0; !BULK && base < n_items; base += D) {
+  // One round of the ring: items base .. base + D - 1
+  auto ring_round = [&](int base) {
 #pragma unroll
     for (int d = 0; d < D; d++) {
       if (base + d < n_items) {
         const uint32_t s2[2] = {scale_pair<T>(ring[d].scale_bits[0], FMT, scale_pairs),
                                 scale_pair<T>(ring[d].scale_bits[1], FMT, scale_pairs)};
         const Item<K_BITS> it = ring[d];
-        if (base + d + D < n_items) {
+        if (KBIT_MMA_REFILL_ALWAYS) {
+          load(ring[d], load_cur, base + d + D < n_items);
+          advance(load_cur);
+        } else if (base + d + D < n_items) {
           load(ring[d], load_cur, true);
           advance(load_cur);
         }
@@ -720,6 +741,14 @@ __device__ __forceinline__ void mma_body(
         if (cur.rg != rg || base + d + 1 == n_items) flush(rg);
       }
     }
+  };
+  if constexpr (!BULK) {
+    int base = 0;
+    if (KBIT_MMA_PEEL && NT == 1 && n_items > 0) {
+      ring_round(0);
+      base = D;
+    }
+    for (; base < n_items; base += D) ring_round(base);
   }
   KBIT_MMA_MARK(4, 0u);
   __syncthreads();
@@ -971,10 +1000,16 @@ template <typename T, int K_BITS>
 cudaError_t launch_fmt(int fmt, int M, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
                        const void* a, const float* cb, int64_t N, int64_t K, int e,
                        const void* bias, void* out, int64_t ldo) {
-  switch (fmt) {
-    case KBIT_ABSMAX_E4M4: return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-    case KBIT_ABSMAX_F16: return launch_m<T, K_BITS, KBIT_ABSMAX_F16>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-    case KBIT_ABSMAX_F32: return launch_m<T, K_BITS, KBIT_ABSMAX_F32>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+  if constexpr (KBIT_MMA_AB_ONLY) {
+    if constexpr (std::is_same<T, __half>::value)
+      if (fmt == KBIT_ABSMAX_E4M4) return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+    return cudaErrorNotSupported;
+  } else {
+    switch (fmt) {
+      case KBIT_ABSMAX_E4M4: return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+      case KBIT_ABSMAX_F16: return launch_m<T, K_BITS, KBIT_ABSMAX_F16>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+      case KBIT_ABSMAX_F32: return launch_m<T, K_BITS, KBIT_ABSMAX_F32>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+    }
   }
   return cudaErrorInvalidValue;
 }

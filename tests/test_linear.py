@@ -34,6 +34,22 @@ def _reference(x, q, bias=None):
     return ref.linear(x.cpu(), w, None if bias is None else bias.cpu())
 
 
+def _within_rounding(out, x, q, dtype):
+    """Element-wise check against the kernels' arithmetic, for outputs too small for the
+    Frobenius bound to be a statistic (a few outputs, short dot products): every element within
+    |out - C| <= 2u (|x| @ |W|^T) + 2u |C|, C the float64 product, u the unit roundoff of dtype
+    (2^-11 fp16, 2^-8 bf16). Each weight is rounded twice in the activation dtype (codebook
+    value, then its product with the block scale) and the output once; the bf16-rounded
+    reference differs from C by up to another u |C|. Seen on the H100 (session 25): (N, K, M) =
+    (8, 33, 1), bf16, k = 3 at 1.005e-2 with every output within 3 bf16 ulps of the reference."""
+    w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                       q.absmax_exponent, torch.float32).double()
+    xd = x.cpu().double()
+    c, mag = xd @ w.T, xd.abs() @ w.abs().T
+    u = 2.0 ** -11 if dtype == torch.float16 else 2.0 ** -8
+    return bool(((out.cpu().double() - c).abs() <= 2 * u * (mag + c.abs())).all())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -90,8 +106,12 @@ def test_small_m_misaligned_weights(device, name, rng):
         assert packed.data_ptr() % 16 != 0
         x = torch.randn(3, kdim, generator=rng).to(torch.float16).to(device)
         args = (q.absmax, q.codebook, n, kdim, q.absmax_exponent)
+        # gemv: bit-identical. mma: its warps add partial sums into shared memory with atomics
+        # in whatever order they finish, so two calls may differ in the last fp16 bit (seen
+        # once on the H100, session 25: 1 of 600 outputs, 0.00049 at 0.74)
+        tol = dict(rtol=0, atol=0) if name == "gemv" else dict(rtol=2.0 ** -9, atol=1e-5)
         torch.testing.assert_close(getattr(ops, name)(x, packed, *args), getattr(ops, name)(x, q.packed, *args),
-                                   rtol=0, atol=0)
+                                   **tol)
 
 
 MMA_SHAPES = [(512, 2048), (200, 96), (200, 4128), (64, 40), (8, 33), (2048, 512), (136, 5120),
@@ -120,7 +140,7 @@ def test_mma_small_m(device, k, dtype, rng):
             out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
             ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, 0, None, out)
             err = _rel_err(out.cpu(), _reference(x, q))
-            assert err <= TOL[dtype], (n, kdim, m, err)
+            assert err <= TOL[dtype] or (n * m < 256 and _within_rounding(out, x, q, dtype)), (n, kdim, m, err)
 
 
 @pytest.mark.parametrize("device", DEVICES)
