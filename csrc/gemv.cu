@@ -357,8 +357,8 @@ bool launch_rows(int device, cudaStream_t s, const T* x, const int32_t* packed, 
   RowsChoice c = forced_rows();
   if (c.rl < 0) return false;
   if (c.rl == 0) {  // automatic, from the sweep (NOTES.md v29): 8 x 8 where 16-row CTAs would
-    // be under 2 per SM (KV, down, O), then 16 x 8, then 16 x 4 (gateup). NOT YET MEASURED as
-    // a rule (the sweep timed each configuration forced): bench it before landing.
+    // be under 2 per SM (KV, down, O), then 16 x 8, then 16 x 4 (gateup); benched as a rule in
+    // v31 (docs/bench_h100_v31.txt, Scalar column at M = 1).
     const int64_t sms = device_info(device).sms;
     if (ceil_div(N, 8) < 2 * sms) c = {8, 8};
     else c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
