@@ -4,14 +4,13 @@
 # holds 64 MiB) go to .carry/nl/:
 #   - the other csrc objects (api, dequantize, gemv, quantize, repack, wgmma), once;
 #   - full.o: the working tree's mma.cu with every kernel (for the tests);
-#   - mma_NAME.o per variant NAME="nvcc flags", built from the working tree's mma.cu with
-#     -DKBIT_MMA_AB_ONLY=1 (fp16 + E4M4 kernels only: what `kbit bench` times; ~6 MB instead
-#     of 15.7; only branch s23-small-m's mma.cu has that switch: main's builds every kernel,
-#     so carry at most 2 variants of it), or, for NAME=base, from mma.cu of the revision in
-#     $BASE_REV (default main), with that revision's gemv.cu as gemv_base.o (the Scalar
-#     column's A/B).
+#   - mma_NAME.o per variant NAME="nvcc flags", built with -DKBIT_MMA_AB_ONLY=1 (fp16 + E4M4
+#     kernels only: what `kbit bench` times; ~6 MB instead of 15.7) from the working tree's
+#     mma.cu, or, for NAME=base, from mma.cu of the revision in $BASE_REV (default main;
+#     revisions before session 25 ignore the switch and build every kernel), with that
+#     revision's gemv.cu as gemv_base.o (the Scalar column's A/B).
 # Two compiles at a time (this machine has 2 cores; mma.cu alone takes ~6 min, an AB_ONLY
-# variant ~2.5). full.o doubles as the working tree's default variant (link_ab.sh: `full`).
+# variant ~1-2.5). full.o doubles as the working tree's default variant (link_ab.sh: `full`).
 # Example (session 23's set, NOTES.md v28; ~61 MB of objects):
 #   bash scripts/build_ab_objs.sh base= cols_d3="-DKBIT_MMA_DEPTH(k)=3" \
 #        cols_d3_up3="-DKBIT_MMA_DEPTH(k)=3 -DKBIT_MMA_UPFRONT=3"
