@@ -37,5 +37,8 @@ for round in $(seq ${ROUNDS:-2}); do
   done
 done
 python3 "$repo/scripts/lib_ab_table.py" "${jsons[@]}"
-tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls) && find "$OUT" -type f ! -name logs.tgz -delete
+# pack this script's own files (bench runs, test logs) into logs.tgz; files others left in $OUT stay
+mine=()
+for f in "$OUT"/tests_*.log "$OUT"/*_[0-9]*.json "$OUT"/*_[0-9]*.txt; do [ -f "$f" ] && mine+=("$(basename "$f")"); done
+[ ${#mine[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${mine[@]}" && (cd "$OUT" && rm -f "${mine[@]}")
 printf '%s\n' "${summary[@]}"
