@@ -11,10 +11,11 @@
 # A name of the form NAME@MODE runs its library under KBIT_PDL=MODE.
 # Usage (device, repo root): [ROUNDS=..] [BENCH_ARGS=..] [TESTS=..] bash scripts/lib_ab.sh name=lib.so ...
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
+OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)  # absolute: the script changes directory
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 repo=$PWD
 summary=()
+mine=()  # the files this script writes in $OUT
 cd /tmp
 if [ -n "${TESTS:-}" ]; then
   for spec in "$@"; do
@@ -22,6 +23,7 @@ if [ -n "${TESTS:-}" ]; then
     # shellcheck disable=SC2086
     (cd "$repo" && KBIT_LIBRARY=$lib timeout 300 python3 -m pytest -q -p no:cacheprovider $TESTS) > "$OUT/tests_$name.log" 2>&1
     summary+=("tests $name: $(tail -1 "$OUT/tests_$name.log")")
+    mine+=("tests_$name.log")
   done
 fi
 jsons=()
@@ -34,11 +36,10 @@ for round in $(seq ${ROUNDS:-2}); do
       --json "$OUT/${file}_$round.json" > "$OUT/${file}_$round.txt" 2>&1
     summary+=("bench $name round $round: rc $? (at ${SECONDS} s)")
     jsons+=("$name=$OUT/${file}_$round.json")
+    mine+=("${file}_$round.json" "${file}_$round.txt")
   done
 done
 python3 "$repo/scripts/lib_ab_table.py" "${jsons[@]}"
 # pack this script's own files (bench runs, test logs) into logs.tgz; files others left in $OUT stay
-mine=()
-for f in "$OUT"/tests_*.log "$OUT"/*_[0-9]*.json "$OUT"/*_[0-9]*.txt; do [ -f "$f" ] && mine+=("$(basename "$f")"); done
 [ ${#mine[@]} -gt 0 ] && tar czf "$OUT/logs.tgz" -C "$OUT" "${mine[@]}" && (cd "$OUT" && rm -f "${mine[@]}")
 printf '%s\n' "${summary[@]}"

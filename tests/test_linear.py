@@ -41,7 +41,10 @@ def _within_rounding(out, x, q, dtype):
     (2^-11 fp16, 2^-8 bf16). Each weight is rounded twice in the activation dtype (codebook
     value, then its product with the block scale) and the output once; the bf16-rounded
     reference differs from C by up to another u |C|. Seen on the H100 (session 25): (N, K, M) =
-    (8, 33, 1), bf16, k = 3 at 1.005e-2 with every output within 3 bf16 ulps of the reference."""
+    (8, 33, 1), bf16, k = 3 at 1.005e-2 with every output within 3 bf16 ulps of the reference.
+    Only for K <= 64: the bound grows like K and C like sqrt(K), so at K = 4128 it would accept
+    a whole missing 32-value block (a review's numpy check); at K <= 64 a missing block is an
+    error of ~0.4 |C| or more against a bound of ~0.06 |C|."""
     w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
                        q.absmax_exponent, torch.float32).double()
     xd = x.cpu().double()
@@ -140,7 +143,7 @@ def test_mma_small_m(device, k, dtype, rng):
             out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
             ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, 0, None, out)
             err = _rel_err(out.cpu(), _reference(x, q))
-            assert err <= TOL[dtype] or (n * m < 256 and _within_rounding(out, x, q, dtype)), (n, kdim, m, err)
+            assert err <= TOL[dtype] or (n * m < 256 and kdim <= 64 and _within_rounding(out, x, q, dtype)), (n, kdim, m, err)
 
 
 @pytest.mark.parametrize("device", DEVICES)
