@@ -238,9 +238,9 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
 // tile's 64 values as float4 broadcasts. The decode is gemv_kernel's (block_dot: one shuffle
 // per value, fp32 block sums, one scale per block). Partial sums meet in a shuffle over the
 // phases of a warp, then in shared memory over the warps. Measured (H100, M = 1, cold,
-// docs/gemv_rows_sweep_h100_v30.txt): faster than gemv_kernel on every dense shape but still
-// slower than mma except Q (4096 x 2048) at k = 2, 5 and KV; on 28672 x 8192 it runs at
-// ~1.3-1.5 TB/s (mma 2.7): one shuffle per value caps it at ~12 values per clock per SM.
+// docs/gemv_rows_sweep_h100_v30.txt, bench v31): faster than gemv_kernel on every dense
+// shape; faster than mma on KV, Q at k = 2, 5 and gateup / O at k = 5, slower on the rest; on
+// 28672 x 8192 ~1.6 TB/s at k = 4 (mma 2.7): one shuffle per value caps the decode.
 template <typename T, int K_BITS, int RL, int U>
 __global__ void __launch_bounds__(256) gemv_rows_kernel(
     const T* __restrict__ x, const int32_t* __restrict__ packed, const void* __restrict__ absmax,

@@ -86,13 +86,9 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 // The register ring's main loop (NOTES.md v31): KBIT_MMA_PEEL = 1 (default) runs the first
 // round of ring items before the loop, as straight-line code after the prologue's barrier, at
 // NT = 1 (M <= 8: 0.1-0.4 us faster per M = 1 call on the H100; at NT = 2 it was 0-0.3 us
-// slower); KBIT_MMA_REFILL_ALWAYS (experiment, slower) refills every slot (items past the
-// warp's last load block 0 with scale 0 and are never decoded), so the refill has no branch.
+// slower). (Refilling every slot without a branch was slower: NOTES.md v31.)
 #ifndef KBIT_MMA_PEEL
 #define KBIT_MMA_PEEL 1
-#endif
-#ifndef KBIT_MMA_REFILL_ALWAYS
-#define KBIT_MMA_REFILL_ALWAYS 0
 #endif
 #ifndef KBIT_MMA_BULK_MIN_RG
 #define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
@@ -725,10 +721,7 @@ __device__ __forceinline__ void mma_body(
         const uint32_t s2[2] = {scale_pair<T>(ring[d].scale_bits[0], FMT, scale_pairs),
                                 scale_pair<T>(ring[d].scale_bits[1], FMT, scale_pairs)};
         const Item<K_BITS> it = ring[d];
-        if (KBIT_MMA_REFILL_ALWAYS) {
-          load(ring[d], load_cur, base + d + D < n_items);
-          advance(load_cur);
-        } else if (base + d + D < n_items) {
+        if (base + d + D < n_items) {
           load(ring[d], load_cur, true);
           advance(load_cur);
         }
