@@ -90,6 +90,18 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 #ifndef KBIT_MMA_PEEL
 #define KBIT_MMA_PEEL 1
 #endif
+// KBIT_MMA_SPEC_TABLE (NOTES.md v32): when launched with PDL, read the codebook and build the
+// table BEFORE the PDL wait (overlapping the previous kernel's end), then re-read the codebook
+// after the wait (through L2) and rebuild the table at the prologue's barrier if any entry
+// changed (a copy or repack by the previous kernel): the same results, without the
+// codebook's latency and the table build in front of the first decode. 1 (default): k = 5 at
+// NT = 1 only (its table is the costliest to build; measured on the H100 back-to-back 0.1-0.4
+// us faster per k = 5 call at M = 1..4 and even after a non-PDL kernel, while k = 2, 4 calls
+// were 0.1-0.3 us slower after a non-PDL kernel, where the build is no longer hidden, and M =
+// 16 calls up to 1 us slower); 2: every k and NT; 0: never.
+#ifndef KBIT_MMA_SPEC_TABLE
+#define KBIT_MMA_SPEC_TABLE 1
+#endif
 #ifndef KBIT_MMA_BULK_MIN_RG
 #define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
 #endif
@@ -409,17 +421,18 @@ __device__ __forceinline__ void mma_body(
 
   // 0. The small loads first, so that they do not queue behind the weights: this lane's
   // codebook entry (the table is built from registers by shuffles) and this thread's first
-  // unit of x (unit (m, t, c, h) = x[m][t * 128 + 32c + 16h + q], q = 0..15). Units are
-  // numbered ((t * M + m) * 4 + c) * 2 + h: a warp's 16 lanes of one fragment store cover 4
-  // rows x 4 c, 16 distinct 8-byte bank slots (rows are 32 bytes apart mod 128); numbered
-  // with t outside m, the 4 t of a warp hit the same slots (4-way store conflicts).
+  // unit of x (unit (m, t, c) = x[m][t * 128 + 32c + q], q = 0..31: one quantization block's
+  // worth). Units are numbered (t * M + m) * 4 + c: a warp's 16 lanes of one fragment store
+  // cover 4 rows x 4 c, 16 distinct 8-byte bank slots (rows are 32 bytes apart mod 128) for M
+  // >= 4; numbered with t outside m (at M < 4 a warp's t share slots: 2- to 4-way store
+  // conflicts on a few units).
   constexpr int cmask = (1 << K_BITS) - 1;
-  // A thread's units are threadIdx.x + i * kThreads: (step t, rest = unit % (M * 8)) advanced
+  // A thread's units are threadIdx.x + i * kThreads: (step t, rest = unit % (M * 4)) advanced
   // without a division per unit (XUnit, next_unit).
   struct XUnit {
     int t, rest;
   };
-  const int unit_step = M * 8;
+  const int unit_step = M * 4;
   const int dt = kThreads / unit_step, dr = kThreads - dt * unit_step;
   const XUnit xu0{int(threadIdx.x) / unit_step, int(threadIdx.x) - int(threadIdx.x) / unit_step * unit_step};
   auto next_unit = [&](XUnit& u) {
@@ -430,34 +443,48 @@ __device__ __forceinline__ void mma_body(
       u.t++;
     }
   };
-  auto fetch_x = [&](const XUnit& u, T (&v)[16]) {
-    const int t = u.t, rest = u.rest, m = rest >> 3;
-    const int k0 = (step0 + t) * kStepK + 32 * ((rest >> 1) & 3) + 16 * (rest & 1);
+  // a unit's 32 values as 16 pairs (pair j = values 2j, 2j + 1)
+  auto fetch_x = [&](const XUnit& u, uint32_t (&v)[16]) {
+    const int m = u.rest >> 2;
+    const int k0 = (step0 + u.t) * kStepK + 32 * (u.rest & 3);
     const T* src = x + m * ldx + k0;
-    if (vec_x && k0 + 16 <= K) {
-      const uint4 a = __ldg(reinterpret_cast<const uint4*>(src));
-      const uint4 bq = __ldg(reinterpret_cast<const uint4*>(src) + 1);
-      const T* pa = reinterpret_cast<const T*>(&a);
-      const T* pb = reinterpret_cast<const T*>(&bq);
+    if (vec_x && k0 + 32 <= K) {
 #pragma unroll
-      for (int q = 0; q < 8; q++) { v[q] = pa[q]; v[q + 8] = pb[q]; }
+      for (int i = 0; i < 4; i++) {
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src) + i);
+        v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+      }
     } else {
+      const unsigned short* src16 = reinterpret_cast<const unsigned short*>(src);  // 0 bits = +0
 #pragma unroll
-      for (int q = 0; q < 16; q++) v[q] = k0 + q < K ? src[q] : from_float<T>(0.f);
+      for (int j = 0; j < 16; j++) {
+        const uint32_t lo = k0 + 2 * j < K ? src16[2 * j] : 0u;
+        const uint32_t hi = k0 + 2 * j + 1 < K ? src16[2 * j + 1] : 0u;
+        v[j] = lo | hi << 16;
+      }
     }
   };
-  auto stage_x = [&](const XUnit& u, const T (&v)[16]) {
-    const int t = u.t, rest = u.rest;
-    const int m = rest >> 3, cc = (rest >> 1) & 3, h = rest & 1;
+  // the unit's values into the fragment order of step t: MMA s's 4 slots as one 8-byte store
+  auto stage_x = [&](const XUnit& u, const uint32_t (&v)[16]) {
+    const int m = u.rest >> 2, cc = u.rest & 3;
     T* dst = x_at(m);
+    auto half_of = [&](int q, int byte0) {  // PRMT selector of value q's 2 bytes, placed at byte0 (0 or 1 = bytes 2, 3)
+      return (q & 1) ? (byte0 == 0 ? 0x32 : 0x3200) : (byte0 == 0 ? 0x10 : 0x1000);
+    };
 #pragma unroll
     for (int s = 0; s < 8; s++) {
-      // MMA s slot u reads block position slot_position(s, u) = 16h' + q' (one h' per s)
-      if ((slot_position<K_BITS>(s, 0) >> 4) != h) continue;
-      T quad[4];
+      // MMA s slot w reads block position slot_position(s, w)
+      uint32_t pr[2];
 #pragma unroll
-      for (int u = 0; u < 4; u++) quad[u] = v[slot_position<K_BITS>(s, u) & 15];
-      *reinterpret_cast<uint2*>(dst + frag_index(t, s, cc)) = *reinterpret_cast<uint2*>(quad);
+      for (int w = 0; w < 2; w++) {
+        const int qa = slot_position<K_BITS>(s, 2 * w), qb = slot_position<K_BITS>(s, 2 * w + 1);
+        if ((qa >> 1) == (qb >> 1)) {  // both values in one pair (the order may swap)
+          pr[w] = (qa & 1) ? __byte_perm(v[qa >> 1], 0u, 0x1032) : v[qa >> 1];
+        } else {  // low half from value qa, high half from value qb
+          pr[w] = __byte_perm(v[qa >> 1], v[qb >> 1], half_of(qa, 0) | (half_of(qb, 1) + 0x4400));
+        }
+      }
+      *reinterpret_cast<uint2*>(dst + frag_index(u.t, s, cc)) = make_uint2(pr[0], pr[1]);
     }
   };
   const int group0 = cta * rg_per_cta;
@@ -531,13 +558,51 @@ __device__ __forceinline__ void mma_body(
     });
   };
 
+  // The codebook table from each lane's codebook entry cbv (lane i holds entry i % 2^k).
+  auto build_table = [&](float cbv) {
+    auto cb = [&](int i) { return __shfl_sync(0xffffffffu, cbv, i); };
+    if constexpr (K_BITS == 5) {
+      static_assert(1024 * 4 % kThreads == 0, "whole iterations per warp");
+      for (int i = threadIdx.x; i < 1024 * 4; i += kThreads) {  // 4 columns per 16-byte store
+        const int e = i >> 2, lo = e >> 2, hb = e & 3;  // entry (lo, hi) at lo * 256 + hi * 64
+        const uint32_t v = Pair<T>::pack(cb((lo & 15) | (hb & 1) << 4), cb((lo >> 4) | (hb >> 1) << 4));
+        reinterpret_cast<uint4*>(table + e * 64)[i & 3] = make_uint4(v, v, v, v);
+      }
+    } else if constexpr (K_BITS == 2) {
+      static_assert(256 * 16 % kThreads == 0, "whole iterations per warp");
+      for (int i = threadIdx.x; i < 256 * 16; i += kThreads) {  // 2 lanes per 16-byte store
+        const int e = i >> 4;
+        const uint32_t lo = Pair<T>::pack(cb(e & 3), cb((e >> 2) & 3));
+        const uint32_t hi = Pair<T>::pack(cb((e >> 4) & 3), cb((e >> 6) & 3));
+        reinterpret_cast<uint4*>(table)[i] = make_uint4(lo, hi, lo, hi);
+      }
+    } else {
+      constexpr int entries = table_bytes<K_BITS>() / 256;
+      static_assert(entries * 8 % kThreads == 0, "whole iterations per warp");
+      for (int i = threadIdx.x; i < entries * 8; i += kThreads) {  // 4 lanes per 16-byte store
+        const int e = i >> 3;
+        const uint32_t v = Pair<T>::pack(cb(e & 15 & cmask), cb((e >> 4) & cmask));
+        reinterpret_cast<uint4*>(table + e * 256)[i & 7] = make_uint4(v, v, v, v);
+      }
+    }
+  };
+
   // PDL (launched with it when pdl > 0; common.cuh): let the next kernel of the stream start
   // (it takes an SM once this CTA leaves it: one CTA per SM), with pdl >= 2 ask for this
   // warp's first ring items (or, bulk, the first stages) in L2, then wait for the previous
   // kernel before the first real load. Everything above only computed addresses. (Asking for
-  // every warp's items from one warp was slower both ways: NOTES.md v16.)
+  // every warp's items from one warp was slower both ways: NOTES.md v16.) KBIT_MMA_SPEC_TABLE
+  // also reads the codebook and builds the table before the wait; the barrier after the
+  // prologue checks it against the codebook read after the wait.
+  constexpr bool kSpec = KBIT_MMA_SPEC_TABLE == 2 || (KBIT_MMA_SPEC_TABLE == 1 && K_BITS == 5 && NT == 1);
+  const bool spec = kSpec && pdl > 0;
+  float cb_spec = 0.f;
   if (pdl > 0) {
     pdl_trigger();
+    if (spec) {
+      cb_spec = __ldcg(codebook + (lane & cmask));
+      build_table(cb_spec);
+    }
     if (pdl >= 2) {
       if constexpr (BULK) {
         if (warp == kWarps - 1)
@@ -567,8 +632,8 @@ __device__ __forceinline__ void mma_body(
     }
     pdl_wait();
   }
-  const float cb_lane = codebook[lane & cmask];
-  T x0[16];
+  const float cb_lane = spec ? __ldcg(codebook + (lane & cmask)) : codebook[lane & cmask];
+  uint32_t x0[16];
   if (xu0.t < lsteps) fetch_x(xu0, x0);
   KBIT_MMA_MARK(6, 0u);
   KBIT_MMA_MARK(7, 0u);
@@ -597,42 +662,23 @@ __device__ __forceinline__ void mma_body(
 
   // 2. Tables, staged x, zeroed accumulator. (Every warp runs whole iterations of the table
   // loops: their trip counts are multiples of the CTA size, so the shuffles are warp-uniform.)
-  auto cb = [&](int i) { return __shfl_sync(0xffffffffu, cb_lane, i); };
-  if constexpr (K_BITS == 5) {
-    static_assert(1024 * 4 % kThreads == 0, "whole iterations per warp");
-    for (int i = threadIdx.x; i < 1024 * 4; i += kThreads) {  // 4 columns per 16-byte store
-      const int e = i >> 2, lo = e >> 2, hb = e & 3;  // entry (lo, hi) at lo * 256 + hi * 64
-      const uint32_t v = Pair<T>::pack(cb((lo & 15) | (hb & 1) << 4), cb((lo >> 4) | (hb >> 1) << 4));
-      reinterpret_cast<uint4*>(table + e * 64)[i & 3] = make_uint4(v, v, v, v);
-    }
-  } else if constexpr (K_BITS == 2) {
-    static_assert(256 * 16 % kThreads == 0, "whole iterations per warp");
-    for (int i = threadIdx.x; i < 256 * 16; i += kThreads) {  // 2 lanes per 16-byte store
-      const int e = i >> 4;
-      const uint32_t lo = Pair<T>::pack(cb(e & 3), cb((e >> 2) & 3));
-      const uint32_t hi = Pair<T>::pack(cb((e >> 4) & 3), cb((e >> 6) & 3));
-      reinterpret_cast<uint4*>(table)[i] = make_uint4(lo, hi, lo, hi);
-    }
-  } else {
-    constexpr int entries = table_bytes<K_BITS>() / 256;
-    static_assert(entries * 8 % kThreads == 0, "whole iterations per warp");
-    for (int i = threadIdx.x; i < entries * 8; i += kThreads) {  // 4 lanes per 16-byte store
-      const int e = i >> 3;
-      const uint32_t v = Pair<T>::pack(cb(e & 15 & cmask), cb((e >> 4) & cmask));
-      reinterpret_cast<uint4*>(table + e * 256)[i & 7] = make_uint4(v, v, v, v);
-    }
-  }
+  if (!spec) build_table(cb_lane);
   if (FMT == KBIT_ABSMAX_E4M4) fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(scales), threadIdx.x, kThreads);
   if (xu0.t < lsteps) stage_x(xu0, x0);
   XUnit xu = xu0;
   for (next_unit(xu); xu.t < lsteps; next_unit(xu)) {
-    T v[16];
+    uint32_t v[16];
     fetch_x(xu, v);
     stage_x(xu, v);
   }
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
   for (int i = threadIdx.x; i < rg_per_cta * M * kAccStride; i += kThreads) acc_s[i] = 0.f;
-  __syncthreads();
+  if (!spec) {
+    __syncthreads();
+  } else if (__syncthreads_or(__float_as_uint(cb_lane) != __float_as_uint(cb_spec))) {
+    build_table(cb_lane);  // the codebook changed under the speculative table: rebuild it
+    __syncthreads();
+  }
   if constexpr (!BULK) {
 #pragma unroll
     for (int d = kUpfront<D>; d < D; d++) {
