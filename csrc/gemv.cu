@@ -62,16 +62,20 @@ __device__ __forceinline__ void load_x_block(uint32_t (&xw)[M][16], const T* __r
   }
 }
 
+// Half `i` (0 = low) of a word of two packed T (fp16 / bf16) values, as a float.
+template <typename T>
+__device__ __forceinline__ float half_to_float(uint32_t word, int i) {
+  const uint32_t bits = (word >> (16 * i)) & 0xffffu;
+  if constexpr (std::is_same<T, __half>::value) return __half2float(__ushort_as_half((unsigned short)bits));
+  else return __uint_as_float(bits << 16);
+}
+
 // Values 4j .. 4j + 3 (j = 0..7) of a block of x as floats, from its packed pairs.
 template <typename T>
 __device__ __forceinline__ float4 x_quad(const uint32_t (&xw)[16], int j) {
   float f[4];
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const uint32_t bits = (xw[2 * j + (i >> 1)] >> (16 * (i & 1))) & 0xffffu;
-    if constexpr (std::is_same<T, __half>::value) f[i] = __half2float(__ushort_as_half((unsigned short)bits));
-    else f[i] = __uint_as_float(bits << 16);
-  }
+  for (int i = 0; i < 4; i++) f[i] = half_to_float<T>(xw[2 * j + (i >> 1)], i & 1);
   return make_float4(f[0], f[1], f[2], f[3]);
 }
 
@@ -290,11 +294,7 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + i));
       const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int e = 0; e < 8; e++) {
-        const unsigned short bits = (unsigned short)(wv[e >> 1] >> (16 * (e & 1)));
-        if constexpr (std::is_same<T, __half>::value) f[e] = __half2float(__ushort_as_half(bits));
-        else f[e] = __uint_as_float(uint32_t(bits) << 16);
-      }
+      for (int e = 0; e < 8; e++) f[e] = half_to_float<T>(wv[e >> 1], e & 1);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; e++) f[e] = i + e < K ? to_float(x[i + e]) : 0.f;
@@ -333,7 +333,8 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
 }
 
 // gemv_rows_kernel's (rows per CTA, warps per CTA): forced by kbit_gemv_force_rows (tests,
-// experiments; starts from KBIT_GEMV_ROWS="RL,W"), -1 = never, 0 = automatic.
+// experiments; starts from KBIT_GEMV_ROWS="RL,W", or "RL" for RL rows on 8 warps), rows -1 =
+// never, 0 = automatic.
 struct RowsChoice {
   int rl = 0, warps = 0;
 };
@@ -341,7 +342,9 @@ inline RowsChoice& forced_rows() {
   static RowsChoice v = [] {
     RowsChoice c;
     if (const char* e = getenv("KBIT_GEMV_ROWS")) {
-      if (sscanf(e, "%d,%d", &c.rl, &c.warps) < 1) c.rl = 0;
+      const int n = sscanf(e, "%d,%d", &c.rl, &c.warps);
+      if (n < 1) c.rl = 0;
+      else if (n == 1) c.warps = 8;
     }
     return c;
   }();

@@ -27,9 +27,9 @@
 // dtype; the per-tensor power of two multiplies the fp32 accumulator at the end, so it cannot
 // overflow or underflow the 16-bit weights.
 //
-// Work split: one CTA of 16 warps per SM (the codebook table and staged x are built once per
-// SM); a CTA owns RG groups of 16 rows over all of K (RG = the fewest row groups per CTA that
-// cover the rows in one wave). Two ways to feed it (see mma_kernel): a register ring per warp
+// Work split: one CTA of 16 warps (8 where a CTA has few items: kFewWarps) per SM (the codebook
+// table and staged x are built once per SM); a CTA owns RG groups of 16 rows over all of K (RG
+// = the fewest row groups per CTA that cover the rows in one wave). Two ways to feed it (see mma_kernel): a register ring per warp
 // (the warps share the CTA's RG * steps items, "item" = one warp step, in contiguous runs), or
 // for RG >= 6 a ring of shared-memory stages filled by bulk asynchronous copies. Warps add
 // their fp32 results into a shared accumulator when their row group changes and at the end;
@@ -60,6 +60,11 @@ namespace {
 #endif
 template <int NT> constexpr int kWarpsPerCta = NT == 1 ? KBIT_MMA_WARPS : NT == 8 ? KBIT_MMA_WARPS_NT8 : 16;
 template <int NT> constexpr int kThreadsPerCta = kWarpsPerCta<NT> * 32;
+// NT = 1 register-ring CTAs with few items also come with 8 warps (a template variant; the rule
+// is in launch()): measured faster where a CTA has <= 16 items (KV), and at
+// k = 5 with <= 40 items (Q, O, down); slower for gateup (48) and at k = 2..4 on Q and O
+// (NOTES.md v32).
+constexpr int kFewWarps = 8;
 #ifndef KBIT_MMA_DEPTH
 #define KBIT_MMA_DEPTH(k) ((k) >= 4 ? 2 : 3)
 #endif
@@ -372,14 +377,14 @@ template <int FMT> constexpr int kScaleBytes = absmax_bytes(FMT);
 // SPLIT: the split-K variant (launched in clusters of kslices > 1 CTAs). The plain variant has
 // no cluster instructions and no division of blockIdx.x: with them, every M <= 8 call was
 // 0.15-0.25 us slower (H100, scripts/mma_timeline.cu, A/B).
-template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT>
+template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT, int W>
 __device__ __forceinline__ void mma_body(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
     const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
-  constexpr int kThreads = kThreadsPerCta<NT>;
-  constexpr int kWarps = kWarpsPerCta<NT>;
+  constexpr int kThreads = W * 32;
+  constexpr int kWarps = W;
   KBIT_MMA_MARK(0, 0u);
   // Split-K (kslices > 1, one cluster of kslices CTAs per row-group set): CTA `slice` of a
   // cluster runs steps step0 .. step0 + lsteps - 1 (`steps` per slice; the last may have
@@ -561,28 +566,28 @@ __device__ __forceinline__ void mma_body(
   // The codebook table from each lane's codebook entry cbv (lane i holds entry i % 2^k).
   auto build_table = [&](float cbv) {
     auto cb = [&](int i) { return __shfl_sync(0xffffffffu, cbv, i); };
+    // every warp runs whole iterations (warp-uniform shuffles): trip counts rounded up to the
+    // CTA size, the stores past the table's end skipped
+    auto whole = [](int n) { return (n + kThreads - 1) / kThreads * kThreads; };
     if constexpr (K_BITS == 5) {
-      static_assert(1024 * 4 % kThreads == 0, "whole iterations per warp");
-      for (int i = threadIdx.x; i < 1024 * 4; i += kThreads) {  // 4 columns per 16-byte store
+      for (int i = threadIdx.x; i < whole(1024 * 4); i += kThreads) {  // 4 columns per 16-byte store
         const int e = i >> 2, lo = e >> 2, hb = e & 3;  // entry (lo, hi) at lo * 256 + hi * 64
         const uint32_t v = Pair<T>::pack(cb((lo & 15) | (hb & 1) << 4), cb((lo >> 4) | (hb >> 1) << 4));
-        reinterpret_cast<uint4*>(table + e * 64)[i & 3] = make_uint4(v, v, v, v);
+        if (i < 1024 * 4) reinterpret_cast<uint4*>(table + e * 64)[i & 3] = make_uint4(v, v, v, v);
       }
     } else if constexpr (K_BITS == 2) {
-      static_assert(256 * 16 % kThreads == 0, "whole iterations per warp");
-      for (int i = threadIdx.x; i < 256 * 16; i += kThreads) {  // 2 lanes per 16-byte store
+      for (int i = threadIdx.x; i < whole(256 * 16); i += kThreads) {  // 2 lanes per 16-byte store
         const int e = i >> 4;
         const uint32_t lo = Pair<T>::pack(cb(e & 3), cb((e >> 2) & 3));
         const uint32_t hi = Pair<T>::pack(cb((e >> 4) & 3), cb((e >> 6) & 3));
-        reinterpret_cast<uint4*>(table)[i] = make_uint4(lo, hi, lo, hi);
+        if (i < 256 * 16) reinterpret_cast<uint4*>(table)[i] = make_uint4(lo, hi, lo, hi);
       }
     } else {
       constexpr int entries = table_bytes<K_BITS>() / 256;
-      static_assert(entries * 8 % kThreads == 0, "whole iterations per warp");
-      for (int i = threadIdx.x; i < entries * 8; i += kThreads) {  // 4 lanes per 16-byte store
+      for (int i = threadIdx.x; i < whole(entries * 8); i += kThreads) {  // 4 lanes per 16-byte store
         const int e = i >> 3;
         const uint32_t v = Pair<T>::pack(cb(e & 15 & cmask), cb((e >> 4) & cmask));
-        reinterpret_cast<uint4*>(table + e * 256)[i & 7] = make_uint4(v, v, v, v);
+        if (i < entries * 8) reinterpret_cast<uint4*>(table + e * 256)[i & 7] = make_uint4(v, v, v, v);
       }
     }
   };
@@ -660,8 +665,7 @@ __device__ __forceinline__ void mma_body(
   }
   KBIT_MMA_MARK(1, 0u);
 
-  // 2. Tables, staged x, zeroed accumulator. (Every warp runs whole iterations of the table
-  // loops: their trip counts are multiples of the CTA size, so the shuffles are warp-uniform.)
+  // 2. Tables, staged x, zeroed accumulator.
   if (!spec) build_table(cb_lane);
   if (FMT == KBIT_ABSMAX_E4M4) fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(scales), threadIdx.x, kThreads);
   if (xu0.t < lsteps) stage_x(xu0, x0);
@@ -840,8 +844,8 @@ __device__ __forceinline__ void mma_body(
 // The kernel. Compiled for a pre-sm_90 target, the split variant (clusters) is a stub that
 // traps: the launcher never picks it there (cluster_ctas is 0), and its body would only add
 // compile time.
-template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT>
-__global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
+template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT, int W = kWarpsPerCta<NT>>
+__global__ void __launch_bounds__(W * 32, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
@@ -852,9 +856,9 @@ __global__ void __launch_bounds__(kThreadsPerCta<NT>, 1) mma_kernel(
   constexpr bool kBody = true;
 #endif
   if constexpr (kBody) {
-    mma_body<T, K_BITS, FMT, NT, BULK, SPLIT>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
-                                              rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out,
-                                              ldo, pdl);
+    mma_body<T, K_BITS, FMT, NT, BULK, SPLIT, W>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
+                                                 rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out,
+                                                 ldo, pdl);
   } else {
     __trap();
   }
@@ -1002,27 +1006,35 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   // Clusters of plan.S CTAs (the split variant) and PDL: launch_kernel.
-  auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int items_per_warp, int pdl) {
+  auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int warps, int items_per_warp, int pdl) {
     if (attr_err != cudaSuccess) return attr_err;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(plan.ctas * plan.S));
-    cfg.blockDim = dim3(unsigned(kThreadsPerCta<NT>));
+    cfg.blockDim = dim3(unsigned(warps * 32));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     return launch_kernel(cfg, plan.S, 0, pdl, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
                          int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages, ldexpf(1.f, exponent), vec_x,
                          static_cast<const T*>(bias), static_cast<T*>(out), ldo, pdl);
   };
-  const int items_per_warp = int(ceil_div(int64_t(rg) * steps, kWarpsPerCta<NT>));
-  auto go = [&](auto bulk, auto split) {
-    constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value>;
+  auto go = [&](auto bulk, auto split, auto warps) {
+    constexpr int W = decltype(warps)::value;
+    constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value, W>;
     const int pdl = pdl_for<kernel>(device);
-    return run(kernel, smem_optin<kernel>(device, dev), bulk ? bulk_bytes : plan.smem, bulk ? 0 : items_per_warp, pdl);
+    const int items_per_warp = int(ceil_div(int64_t(rg) * steps, W));
+    return run(kernel, smem_optin<kernel>(device, dev), bulk ? bulk_bytes : plan.smem, W, bulk ? 0 : items_per_warp, pdl);
   };
   using Yes = std::true_type;
   using No = std::false_type;
-  if (n_stages > 0) return plan.S > 1 ? go(Yes{}, Yes{}) : go(Yes{}, No{});
-  return plan.S > 1 ? go(No{}, Yes{}) : go(No{}, No{});
+  using Warps = std::integral_constant<int, kWarpsPerCta<NT>>;
+  if (n_stages > 0) return plan.S > 1 ? go(Yes{}, Yes{}, Warps{}) : go(Yes{}, No{}, Warps{});
+  if (plan.S > 1) return go(No{}, Yes{}, Warps{});
+  if constexpr (NT == 1) {
+    // kFewWarps where it measured faster per shape on the H100 (NOTES.md v32, M = 1..8)
+    const int64_t items = int64_t(rg) * steps;
+    if (items <= 16 || (K_BITS == 5 && items <= 40)) return go(No{}, No{}, std::integral_constant<int, kFewWarps>{});
+  }
+  return go(No{}, No{}, Warps{});
 }
 
 template <typename T, int K_BITS, int FMT>
