@@ -29,11 +29,12 @@
 //
 // Work split: one CTA of 16 warps (8 where a CTA has few items: kFewWarps) per SM (the codebook
 // table and staged x are built once per SM); a CTA owns RG groups of 16 rows over all of K (RG
-// = the fewest row groups per CTA that cover the rows in one wave). Two ways to feed it (see mma_kernel): a register ring per warp
-// (the warps share the CTA's RG * steps items, "item" = one warp step, in contiguous runs), or
-// for RG >= 6 a ring of shared-memory stages filled by bulk asynchronous copies. Warps add
-// their fp32 results into a shared accumulator when their row group changes and at the end;
-// the CTA then writes C. NOTES.md has the measured timeline of a call (scripts/mma_timeline.cu).
+// = the fewest row groups per CTA that cover the rows in one wave). Two ways to feed it (see
+// mma_kernel): a register ring per warp (the warps share the CTA's RG * steps items, "item" =
+// one warp step, in contiguous runs), or for RG >= 6 a ring of shared-memory stages filled by
+// bulk asynchronous copies. Warps add their fp32 results into a shared accumulator when their
+// row group changes and at the end; the CTA then writes C. NOTES.md has the measured timeline
+// of a call (scripts/mma_timeline.cu).
 #include <cstdlib>
 
 #include "async.cuh"
