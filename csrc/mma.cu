@@ -62,10 +62,12 @@ namespace {
 template <int NT> constexpr int kWarpsPerCta = NT == 1 ? KBIT_MMA_WARPS : NT == 8 ? KBIT_MMA_WARPS_NT8 : 16;
 template <int NT> constexpr int kThreadsPerCta = kWarpsPerCta<NT> * 32;
 // NT = 1 register-ring CTAs with few items also come with 8 warps (a template variant; the rule
-// is in launch()): measured faster where a CTA has <= 16 items (KV), and at
-// k = 5 with <= 40 items (Q, O, down); slower for gateup (48) and at k = 2..4 on Q and O
-// (NOTES.md v32).
+// is in launch()). Measured on the H100 (NOTES.md v33, M = 1..8): faster where a CTA has <= 16
+// items (KV), at k = 5 with <= 40 items (Q, O, down) and at k = 2 with <= 32 (Q, O; with 4 ring
+// items per warp); slower for gateup (48 items), for Q and O at k = 3, 4, and 24 warps slower
+// everywhere.
 constexpr int kFewWarps = 8;
+constexpr int kFewWarpsDepth2 = 4;  // ring items per warp of the 8-warp variant at k = 2
 #ifndef KBIT_MMA_DEPTH
 #define KBIT_MMA_DEPTH(k) ((k) >= 4 ? 2 : 3)
 #endif
@@ -536,7 +538,7 @@ __device__ __forceinline__ void mma_body(
 
   // 1. Put the first weights in flight before anything else: this warp's first kDepth items
   // (register ring), or (bulk) the first n_stages steps of the CTA.
-  constexpr int D = BULK ? 1 : kDepth<K_BITS>;
+  constexpr int D = BULK ? 1 : (W == kFewWarps && K_BITS == 2) ? kFewWarpsDepth2 : kDepth<K_BITS>;
   Item<K_BITS> ring[D];
   Cursor load_cur = cursor_at(item0);
   const int groups = (N + kRows - 1) / kRows;
@@ -1031,9 +1033,10 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   if (n_stages > 0) return plan.S > 1 ? go(Yes{}, Yes{}, Warps{}) : go(Yes{}, No{}, Warps{});
   if (plan.S > 1) return go(No{}, Yes{}, Warps{});
   if constexpr (NT == 1) {
-    // kFewWarps where it measured faster per shape on the H100 (NOTES.md v32, M = 1..8)
+    // kFewWarps where it measured faster per shape on the H100 (NOTES.md v33, M = 1..8)
     const int64_t items = int64_t(rg) * steps;
-    if (items <= 16 || (K_BITS == 5 && items <= 40)) return go(No{}, No{}, std::integral_constant<int, kFewWarps>{});
+    if (items <= 16 || (K_BITS == 2 && items <= 32) || (K_BITS == 5 && items <= 40))
+      return go(No{}, No{}, std::integral_constant<int, kFewWarps>{});
   }
   return go(No{}, No{}, Warps{});
 }
