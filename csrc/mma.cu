@@ -476,8 +476,9 @@ __device__ __forceinline__ void mma_body(
   auto stage_x = [&](const XUnit& u, const uint32_t (&v)[16]) {
     const int m = u.rest >> 2, cc = u.rest & 3;
     T* dst = x_at(m);
-    auto half_of = [&](int q, int byte0) {  // PRMT selector of value q's 2 bytes, placed at byte0 (0 or 1 = bytes 2, 3)
-      return (q & 1) ? (byte0 == 0 ? 0x32 : 0x3200) : (byte0 == 0 ? 0x10 : 0x1000);
+    // PRMT selector nibbles that put value q's 2 bytes at result bytes 0, 1 (hi = 0) or 2, 3 (hi = 1)
+    auto half_of = [&](int q, int hi) {
+      return (q & 1) ? (hi == 0 ? 0x32 : 0x3200) : (hi == 0 ? 0x10 : 0x1000);
     };
 #pragma unroll
     for (int s = 0; s < 8; s++) {
