@@ -134,3 +134,42 @@ def test_chain_in_cuda_graph(name, m, rng, forced):
         torch.cuda.synchronize()
         assert _rel_err(y1.cpu(), _ref(x, q1)) <= TOL
         assert _rel_err(y2.cpu(), _ref(y1, q2)) <= TOL
+
+
+@gpu
+@pytest.mark.parametrize("name,m", [("gemv", 1), ("mma", 1), ("mma", 4)])
+@pytest.mark.parametrize("k", [2, 4, 5])
+def test_codebook_written_by_previous_kernel(name, m, k, rng, forced):
+    """The codebook of a call is the output of the PDL kernel right before it (viewed as
+    float32), which held another codebook until then. mma at k = 5 reads the codebook before
+    its PDL wait to build its table early (KBIT_MMA_SPEC_TABLE) and must rebuild it when the
+    codebook changed: its 128 CTAs start while the first call's 4 are still running."""
+    name = forced(name)
+    # first call: y1 = x1 W1^T with x1 one-hot, so y1 is column 0 of W1 (dequantized); its odd
+    # halves, the high halves of the float32 view, in [1, 2): codebook entries in [2^-7, 2)
+    w1 = random_weight(64, 256, gen=rng, spread=0.0) * 0.02
+    w1[1::2, 0] = 1 + torch.rand(32, generator=rng, dtype=torch.float64).float()
+    q1 = kbit.repack(kbit.quantize(w1.cuda(), k=4))
+    x1 = torch.zeros(1, 256, dtype=torch.float16, device="cuda")
+    x1[0, 0] = 1.0
+    q2 = kbit.repack(kbit.quantize(random_weight(2048, 2048, gen=rng, device="cuda", spread=0.5), k=k))
+    x2 = torch.randn(m, 2048, generator=rng).to(torch.float16).cuda()
+    y1 = torch.empty(1, 64, dtype=torch.float16, device="cuda")
+    y2 = torch.empty(m, 2048, dtype=torch.float16, device="cuda")
+    cb = y1.view(torch.float32).view(-1)[: 1 << k]  # the second call's codebook
+    for _ in range(3):
+        cb.copy_(q2.codebook)  # the previous codebook, in [-1, 1]
+        y2.fill_(float("nan"))
+        _call("mma", x1, q1, y1)
+        getattr(ops, f"{name}_out")(x2, q2.packed, q2.absmax, cb, 2048, 2048, q2.absmax_exponent, None, y2)
+        w2 = ref.dequantize(q2.packed.cpu(), q2.absmax.cpu(), cb.cpu(), q2.shape, q2.layout,
+                            q2.absmax_exponent, torch.float32)
+        want = ref.linear(x2.cpu(), w2, None)
+        assert _rel_err(y2.cpu(), want) <= TOL
+        # the test can fail: the previous codebook gives a far different product
+        assert _rel_err(ref.linear(x2.cpu(), _ref_weight(q2), None), want) > 0.5
+
+
+def _ref_weight(q):
+    return ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                          q.absmax_exponent, torch.float32)
