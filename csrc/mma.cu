@@ -110,11 +110,6 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 #ifndef KBIT_MMA_SPEC_TABLE
 #define KBIT_MMA_SPEC_TABLE 1
 #endif
-// KBIT_MMA_X_AHEAD (NOTES.md v35): 1 (default) keeps two units of x in flight per thread
-// while staging it; 0 asks for each unit after the previous one is staged.
-#ifndef KBIT_MMA_X_AHEAD
-#define KBIT_MMA_X_AHEAD 1
-#endif
 #ifndef KBIT_MMA_BULK_MIN_RG
 #define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
 #endif
@@ -647,15 +642,15 @@ __device__ __forceinline__ void mma_body(
     pdl_wait();
   }
   const float cb_lane = spec ? __ldcg(codebook + (lane & cmask)) : codebook[lane & cmask];
-  // KBIT_MMA_X_AHEAD: a thread's second unit of x is also asked for here, and every later one
-  // before the previous is staged, so that no unit's L2 round trip follows the table build
-  // (M = 16: 2-3 units per thread, M = 8 with K >= 4096: 2-3).
+  // A thread's second unit of x is also asked for here, and every later one before the
+  // previous is staged, so that no unit's L2 round trip follows the table build (M = 16: 2-3
+  // units per thread, M = 8 with K >= 4096: 2-3; NOTES.md v35: asking for each unit after
+  // the previous one was staged made M = 8 calls 0.5-1 us slower in total).
   uint32_t x0[16], x1[16];
   XUnit xu1 = xu0;
   next_unit(xu1);
   if (xu0.t < lsteps) fetch_x(xu0, x0);
-  constexpr bool kXAhead = KBIT_MMA_X_AHEAD == 1 || (KBIT_MMA_X_AHEAD == 2 && NT >= 2);
-  if (kXAhead && xu1.t < lsteps) fetch_x(xu1, x1);
+  if (xu1.t < lsteps) fetch_x(xu1, x1);
   KBIT_MMA_MARK(6, 0u);
   KBIT_MMA_MARK(7, 0u);
   if constexpr (BULK) {
@@ -684,7 +679,7 @@ __device__ __forceinline__ void mma_body(
   // 2. Tables, staged x, zeroed accumulator.
   if (!spec) build_table(cb_lane);
   if (FMT == KBIT_ABSMAX_E4M4) fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(scales), threadIdx.x, kThreads);
-  if constexpr (kXAhead) {
+  {
     // two buffers in turn: stage unit a (x0), ask for the unit after b into x0, stage b (x1), ...
     XUnit xa = xu0, xb = xu1;
     while (xa.t < lsteps) {
@@ -697,14 +692,6 @@ __device__ __forceinline__ void mma_body(
       xb = xa;
       next_unit(xb);
       if (xb.t < lsteps) fetch_x(xb, x1);
-    }
-  } else {
-    if (xu0.t < lsteps) stage_x(xu0, x0);
-    XUnit xu = xu0;
-    for (next_unit(xu); xu.t < lsteps; next_unit(xu)) {
-      uint32_t v[16];
-      fetch_x(xu, v);
-      stage_x(xu, v);
     }
   }
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;

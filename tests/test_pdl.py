@@ -162,14 +162,14 @@ def test_codebook_written_by_previous_kernel(name, m, k, rng, forced):
         y2.fill_(float("nan"))
         _call("mma", x1, q1, y1)
         getattr(ops, f"{name}_out")(x2, q2.packed, q2.absmax, cb, 2048, 2048, q2.absmax_exponent, None, y2)
-        w2 = ref.dequantize(q2.packed.cpu(), q2.absmax.cpu(), cb.cpu(), q2.shape, q2.layout,
-                            q2.absmax_exponent, torch.float32)
-        want = ref.linear(x2.cpu(), w2, None)
+        want = ref.linear(x2.cpu(), _ref_weight(q2, cb), None)
         assert _rel_err(y2.cpu(), want) <= TOL
         # the test can fail: the previous codebook gives a far different product
         assert _rel_err(ref.linear(x2.cpu(), _ref_weight(q2), None), want) > 0.5
 
 
-def _ref_weight(q):
-    return ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+def _ref_weight(q, codebook=None):
+    """q dequantized in float32 on the CPU, with q's codebook or the one given."""
+    cb = q.codebook if codebook is None else codebook
+    return ref.dequantize(q.packed.cpu(), q.absmax.cpu(), cb.cpu(), q.shape, q.layout,
                           q.absmax_exponent, torch.float32)
