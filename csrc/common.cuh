@@ -191,6 +191,17 @@ int small_m_entry(int device, int dtype, int64_t M, int64_t N, int64_t max_m, La
   return cudaErrorInvalidValue;
 }
 
+// A split kernel's global workspace (wgmma's stream-K, mma's split-K): from the caller, one
+// per stream or captured graph, zeroed before its first use; every call leaves it zeroed as
+// far as the next call relies on it. `need` (a query, kbit_*_workspace_bytes): launch
+// nothing, set *need to the bytes the call would use (0: it would not split).
+struct Workspace {
+  void* ptr;
+  int64_t bytes;
+  int64_t* need;
+  int64_t* cost = nullptr;  // wgmma: dry query of the split model's cost (launch_bits' TN = 32 rule)
+};
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // n / d and n % d for a fixed d >= 1 and n < 2^32 with a multiply-high instead of a division

@@ -53,17 +53,24 @@ KBIT_API int kbit_gemv(int device, void* stream, const void* x, int dtype, int64
 
 // Same contract as kbit_gemv for 1 <= M <= 64, on tensor cores (mma.sync, sm_80+). x is
 // staged in shared memory, whole (M * (128 * ceil(K / 128) + 16) * 2 bytes at most
-// kbit_mma_max_x_bytes()) or, on sm_90+ with a library built for it, split over K between
-// the 2, 4 or 8 CTAs of a thread-block cluster (kbit_mma_ksplit: the split a call gets). When
-// no plan fits the device's opt-in shared memory (kbit_mma_smem_bytes returns 0) the call
-// returns cudaErrorInvalidValue without launching.
+// kbit_mma_max_x_bytes()) or split over K between 2, 4 or 8 CTAs that add their partial sums
+// through `workspace` (kbit_mma_ksplit: the split a call gets). workspace: at least
+// kbit_mma_workspace_bytes(...) bytes for this call (0: the call does not split; NULL is
+// fine), 16-byte aligned, zeroed once before its first use and then used by one stream (or
+// one CUDA graph) at a time: every call leaves it zeroed. Without one the call does not split
+// K. When no plan fits the device's opt-in shared memory (kbit_mma_smem_bytes returns 0), or
+// the workspace is too small or misaligned, the call returns cudaErrorInvalidValue without
+// launching.
 KBIT_API int kbit_mma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
                       const int32_t* packed, const void* absmax, int absmax_format,
                       const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
-                      const void* bias, void* out, int64_t ldo);
+                      const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes);
+// The workspace bytes kbit_mma would use for this call (0: none; it would not split K).
+KBIT_API int64_t kbit_mma_workspace_bytes(int device, int k, int64_t M, int64_t N, int64_t K);
 KBIT_API int kbit_mma_max_x_bytes(void);
-// Shared memory a kbit_mma call with these sizes needs on `device` (dtype: KBIT_F16/KBIT_BF16),
-// or 0 when the kernel cannot take it (M outside 1..64, x too large to stage).
+// Shared memory a kbit_mma call with these sizes (and a workspace) needs on `device` (dtype:
+// KBIT_F16/KBIT_BF16), or 0 when the kernel cannot take it (M outside 1..64, x too large to
+// stage).
 KBIT_API int64_t kbit_mma_smem_bytes(int device, int dtype, int k, int64_t M, int64_t N, int64_t K);
 // K-slices of that call's plan: 1 (no split), 2, 4 or 8; 0 when the kernel cannot take it.
 KBIT_API int kbit_mma_ksplit(int device, int k, int64_t M, int64_t N, int64_t K);

@@ -33,8 +33,10 @@
 // mma_kernel): a register ring per warp (the warps share the CTA's RG * steps items, "item" =
 // one warp step, in contiguous runs), or for RG >= 6 a ring of shared-memory stages filled by
 // bulk asynchronous copies. Warps add their fp32 results into a shared accumulator when their
-// row group changes and at the end; the CTA then writes C. NOTES.md has the measured timeline
-// of a call (scripts/mma_timeline.cu).
+// row group changes and at the end; the CTA then writes C. Where staged x would be large, K
+// is split over S = 2, 4 or 8 CTAs that add their partial sums through a global workspace
+// (plan_of, mma_body's step 4). NOTES.md has the measured timeline of a call
+// (scripts/mma_timeline.cu).
 #include <cstdlib>
 
 #include "async.cuh"
@@ -121,8 +123,16 @@ constexpr int kXPad = 16;                   // halves of padding per staged x ro
 // stride of 16 made them 4-way conflicts: ncu counted ~400 extra wavefronts per CTA at M = 8).
 constexpr int kAccStride = 20;
 constexpr int kMaxXSmem = 136 * 1024;       // staged x larger than this: not handled here
-constexpr int kMaxKSlices = 8;              // split-K: clusters of 2, 4 or 8 CTAs
+constexpr int kMaxKSlices = 8;              // split-K: 2, 4 or 8 CTAs per row-group set
 
+// A 16-byte load that sees other CTAs' stores made during this kernel (no L1 copy; split-K's
+// partial sums).
+__device__ __forceinline__ uint4 ld_relaxed_u32x4(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -377,22 +387,22 @@ template <int FMT> constexpr int kScaleBytes = absmax_bytes(FMT);
 // load/store queue (where the register ring's loads hold up the table build) and a CTA keeps
 // n_stages steps in flight; but each copy took ~50 ns of the SM's copy unit (measured), which
 // only pays off for large chunks (many row groups per CTA).
-// SPLIT: the split-K variant (launched in clusters of kslices > 1 CTAs). The plain variant has
-// no cluster instructions and no division of blockIdx.x: with them, every M <= 8 call was
-// 0.15-0.25 us slower (H100, scripts/mma_timeline.cu, A/B).
+// SPLIT: the split-K variant (kslices > 1 CTAs per row-group set, partial sums through the
+// workspace `ws`). The plain variant has no division of blockIdx.x and no split epilogue
+// (with them in one kernel, every M <= 8 call was 0.15-0.25 us slower: H100,
+// scripts/mma_timeline.cu, A/B).
 template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT, int W>
 __device__ __forceinline__ void mma_body(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
-    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
+    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws) {
   constexpr int kThreads = W * 32;
   constexpr int kWarps = W;
   KBIT_MMA_MARK(0, 0u);
-  // Split-K (kslices > 1, one cluster of kslices CTAs per row-group set): CTA `slice` of a
-  // cluster runs steps step0 .. step0 + lsteps - 1 (`steps` per slice; the last may have
-  // fewer, or none) and stages only that part of x; the cluster adds its partial results
-  // through distributed shared memory at the end.
+  // Split-K (kslices > 1; the kslices CTAs of a row-group set are consecutive blocks): CTA
+  // `slice` runs steps step0 .. step0 + lsteps - 1 (`steps` per slice; the last may have
+  // fewer) and stages only that part of x; step 4 adds the partial results.
   const int slice = SPLIT ? int(blockIdx.x) % kslices : 0;
   const int cta = SPLIT ? int(blockIdx.x) / kslices : int(blockIdx.x);
   const int step0 = slice * steps;
@@ -815,39 +825,50 @@ __device__ __forceinline__ void mma_body(
   KBIT_MMA_MARK(4, 0u);
   __syncthreads();
 
-  // 4. Write C. Split-K: once every CTA of the cluster has its partial sums in acc_s (same
-  // offset in each), CTA `slice` adds up its 1 / kslices of the outputs from all of them in
-  // rank order (deterministic); the second barrier keeps every CTA's shared memory alive
-  // until the others have read it.
-  // Work in quads of 4 rows (16-byte shared loads; with a split, the kslices loads of a quad
-  // are in flight together).
+  // 4. Write C, in quads of 4 rows (16-byte shared loads). Split-K: the workspace holds
+  // kslices - 1 partial tiles per row-group set (rg_per_cta * M * 16 floats each), every word
+  // 0 between calls. Slices 0 .. kslices - 2 store their partial sums there and leave: no
+  // fence and no counter, each 32-bit word is its own flag, stored bit-inverted (and a float
+  // of all-ones bits, a NaN no arithmetic makes, as the canonical NaN) so that it is never 0.
+  // The last slice adds them as they arrive, in slice order and its own last (deterministic),
+  // writes C and zeroes the words it read. It waits only for CTAs of lower block index, which
+  // are dispatched before it (the same assumption as wgmma's stream-K).
   const int quads = rg_per_cta * M * (kRows / 4);
-  int first = 0, last = quads;
-  if (SPLIT) {
-    cluster_sync();
-    KBIT_MMA_MARK(8, 0u);
-    const int share = (quads + kslices - 1) / kslices;
-    first = min(quads, slice * share);
-    last = min(quads, first + share);
+  uint4* const wpart = SPLIT ? reinterpret_cast<uint4*>(ws) + size_t(cta) * (kslices - 1) * quads : nullptr;
+  if (SPLIT && slice < kslices - 1) {
+    auto word = [](float f) {
+      const uint32_t b = __float_as_uint(f);
+      return ~(b == 0xffffffffu ? 0x7fffffffu : b);
+    };
+    for (int i = int(threadIdx.x); i < quads; i += kThreads) {
+      const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
+      if ((group0 + rg) * kRows + row >= N) continue;  // the last slice reads the same quads
+      const float4 v = *reinterpret_cast<const float4*>(acc_s + (rg * M + m) * kAccStride + row);
+      __stcg(wpart + size_t(slice) * quads + i, make_uint4(word(v.x), word(v.y), word(v.z), word(v.w)));
+    }
+    return;
   }
-  const uint32_t acc_sh = smem_sh + uint32_t(reinterpret_cast<char*>(acc_s) - smem);
-  for (int i = first + int(threadIdx.x); i < last; i += kThreads) {
+  for (int i = int(threadIdx.x); i < quads; i += kThreads) {
     const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
     const int n = (group0 + rg) * kRows + row;
     if (n < N) {
-      const int off = (rg * M + m) * kAccStride + row;
-      float4 v;
+      float4 v = *reinterpret_cast<const float4*>(acc_s + (rg * M + m) * kAccStride + row);
       if (SPLIT) {
-        float4 part[kMaxKSlices];
+        uint4 part[kMaxKSlices - 1];
 #pragma unroll
-        for (int r = 0; r < kMaxKSlices; r++)
-          if (r < kslices) part[r] = ld_cluster_f32x4(acc_sh + 4u * uint32_t(off), uint32_t(r));
-        v = part[0];
+        for (int r = 0; r < kMaxKSlices - 1; r++)
+          if (r < kslices - 1) part[r] = ld_relaxed_u32x4(wpart + size_t(r) * quads + i);
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int r = 1; r < kMaxKSlices; r++)
-          if (r < kslices) { v.x += part[r].x; v.y += part[r].y; v.z += part[r].z; v.w += part[r].w; }
-      } else {
-        v = *reinterpret_cast<const float4*>(acc_s + off);
+        for (int r = 0; r < kMaxKSlices - 1; r++)
+          if (r < kslices - 1) {
+            uint4& p = part[r];
+            while (p.x == 0u || p.y == 0u || p.z == 0u || p.w == 0u) p = ld_relaxed_u32x4(wpart + size_t(r) * quads + i);
+            __stcg(wpart + size_t(r) * quads + i, make_uint4(0u, 0u, 0u, 0u));
+            sum.x += __uint_as_float(~p.x); sum.y += __uint_as_float(~p.y);
+            sum.z += __uint_as_float(~p.z); sum.w += __uint_as_float(~p.w);
+          }
+        v = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
       }
       const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -855,32 +876,18 @@ __device__ __forceinline__ void mma_body(
         if (n + j < N) out[m * ldo + n + j] = from_float<T>(f[j] * shift_up + (bias != nullptr ? to_float(bias[n + j]) : 0.f));
     }
   }
-  KBIT_MMA_MARK(9, 0u);
-  if (SPLIT) cluster_sync();
   KBIT_MMA_MARK(5, 0u);
 }
 
-// The kernel. Compiled for a pre-sm_90 target, the split variant (clusters) is a stub that
-// traps: the launcher never picks it there (cluster_ctas is 0), and its body would only add
-// compile time.
 template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT, int W = kWarpsPerCta<NT>>
 __global__ void __launch_bounds__(W * 32, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
-    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  constexpr bool kBody = !SPLIT;
-#else
-  constexpr bool kBody = true;
-#endif
-  if constexpr (kBody) {
-    mma_body<T, K_BITS, FMT, NT, BULK, SPLIT, W>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
-                                                 rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out,
-                                                 ldo, pdl);
-  } else {
-    __trap();
-  }
+    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws) {
+  mma_body<T, K_BITS, FMT, NT, BULK, SPLIT, W>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
+                                               rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out, ldo,
+                                               pdl, ws);
 }
 
 #ifndef KBIT_MMA_MAX_STAGES
@@ -903,25 +910,6 @@ cudaError_t smem_optin(int device, const DeviceInfo& dev) {
 
 constexpr int kMaxM = 64;  // token tiles of 8: NT = 1, 2, 4, 8
 
-// CTAs of one wave when launched in clusters of S (S = 2, 4, 8; all SMs for S = 1): the GPCs
-// hold whole clusters only. Asked once per device of the runtime (cudaOccupancyMaxActiveClusters,
-// one CTA per SM as every mma kernel has); 0 when clusters cannot run (pre-sm_90 device or
-// binary).
-inline int cluster_ctas(int device, const DeviceInfo& dev, int S) {
-  if (S == 1) return dev.sms;
-  static int known[64][4] = {};  // [device][log2 S]: 0 unknown, -1 none, else CTAs
-  int lg = S == 2 ? 1 : S == 4 ? 2 : S == 8 ? 3 : 0;
-  if (device < 0 || device >= 64 || lg == 0) return 0;
-  if (known[device][lg] == 0) {
-    constexpr auto kernel = mma_kernel<__half, 4, KBIT_ABSMAX_E4M4, 1, false, true>;
-    int n = 0;
-    if (has_sm90_code<kernel>(device) && smem_optin<kernel>(device, dev) == cudaSuccess)
-      n = clusters_at_once(kernel, unsigned(kThreadsPerCta<1>), size_t(dev.smem_optin), S, 0);
-    known[device][lg] = n > 0 ? n * S : -1;
-  }
-  return max(known[device][lg], 0);
-}
-
 // Forced K-slice count (tests, experiments): 0 = automatic. Set by kbit_mma_force_ksplit;
 // starts from the environment variable KBIT_MMA_KSPLIT.
 inline int& forced_ksplit() {
@@ -932,19 +920,25 @@ inline int& forced_ksplit() {
   return v;
 }
 
-// How a call runs: S K-slices (clusters of S CTAs; 1 = no split), `sps` steps per slice, rg
-// row groups per CTA, `ctas` CTAs per slice, and its shared memory (0: the call is not handled:
-// M out of range, or x / the accumulator do not fit). rg is the fewest row groups that cover
-// the rows in one wave of CTAs (clusters), fewer (more waves) if the accumulator does not fit
-// then. S = 1 where the rule at the end of the loop says so; otherwise the S (1, 2, 4, 8) with
-// the fewest bytes of staged x + accumulator per CTA times waves, which is what the prologue
-// and the epilogue of a CTA cost (a model; the split-K sweep in NOTES.md checks its choices).
+// How a call runs: S K-slices (1 = no split), `sps` steps per slice, rg row groups per CTA,
+// `ctas` CTAs per slice, and its shared memory (0: the call is not handled: M out of range,
+// or x / the accumulator do not fit). rg is the fewest row groups that cover the rows in one
+// wave of CTAs (one per SM), fewer (more waves) if the accumulator does not fit then. Which S:
+// - M <= 16: the smallest S whose CTA stages <= kSplitXBytes of x, or whose weights are >= 4x
+//   its x. Staging x is bound by L2 -> SM bandwidth (every CTA reads its slice of x whole) and
+//   each split costs its last CTA the wait for the partial sums. Measured (H200, NOTES.md
+//   v36, M = 1..16, k = 2..5, S = 1, 2, 4 forced on the model shapes): halving 64-160 KB of x
+//   per CTA gained 0.2-1.3 us per call, below 40 KB a split lost 0.1-0.7; the 8192 x 28672
+//   weight (917 KB of weights per CTA) gained nothing from a split at M = 8.
+// - M > 16: the S with the fewest bytes of staged x + accumulator per CTA times waves (a
+//   model; the cluster-split sweep of NOTES.md v8 tuned it).
 struct Plan {
   int S = 0, sps = 0, rg = 0, ctas = 0;
-  size_t smem = 0;
+  size_t smem = 0, ws_bytes = 0;  // ws_bytes: the workspace the split needs
 };
+constexpr size_t kSplitXBytes = 40 * 1024;
 template <typename T, int K_BITS>
-Plan plan_of(int M, int64_t N, int64_t K, int device, const DeviceInfo& dev) {
+Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split) {
   Plan best;
   if (M < 1 || M > kMaxM || N < 1 || K < 1) return best;
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
@@ -953,35 +947,36 @@ Plan plan_of(int M, int64_t N, int64_t K, int device, const DeviceInfo& dev) {
   const int forced = forced_ksplit();
   size_t best_cost = 0;
   for (int S = 1; S <= kMaxKSlices; S *= 2) {
-    if ((forced > 0 && S != forced) || S > total) continue;
-    const int slots = cluster_ctas(device, dev, S);
-    if (slots < S) continue;
+    if ((forced > 0 && S != forced) || S > total || S > dev.sms || (S > 1 && !can_split)) continue;
     const int sps = int(ceil_div(total, S));
     if (int64_t(S - 1) * sps >= total) continue;  // an empty slice: a smaller S does the same
+    const size_t x_bytes = size_t(M) * sps * kStepK * sizeof(T);
     if (size_t(M) * (sps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) continue;
-    const int per_wave = slots / S;  // CTAs of one slice per wave
+    const int per_wave = dev.sms / S;  // CTAs of one slice per wave
     int rg = int(ceil_div(groups, per_wave));
     size_t smem = smem_bytes<T, K_BITS>(M, sps, rg, dev.smem_reserved, 0, 0);
     while (smem > size_t(dev.smem_optin) && rg > 1) smem = smem_bytes<T, K_BITS>(M, sps, --rg, dev.smem_reserved, 0, 0);
     if (smem > size_t(dev.smem_optin)) continue;
-    const int ctas = int(ceil_div(groups, rg));
-    const size_t waves = size_t(ceil_div(ctas, per_wave));
-    const size_t cost = waves * (size_t(M) * sps * kStepK * sizeof(T) + size_t(rg) * M * kAccStride * sizeof(float));
+    Plan p;
+    p.S = S;
+    p.sps = sps;
+    p.rg = rg;
+    p.ctas = int(ceil_div(groups, rg));
+    p.smem = smem;
+    p.ws_bytes = size_t(S - 1) * p.ctas * rg * M * kRows * sizeof(float);
+    if (forced > 0) return p;
+    if (M <= 16) {
+      const size_t w_bytes = size_t(rg) * kRows * sps * kStepK * K_BITS / 8;
+      if (x_bytes <= kSplitXBytes || w_bytes >= 4 * x_bytes) return p;
+      best = p;  // none qualifies: the largest S that fits
+      continue;
+    }
+    const size_t waves = size_t(ceil_div(p.ctas, per_wave));
+    const size_t cost = waves * (x_bytes + size_t(rg) * M * kAccStride * sizeof(float));
     if (best.smem == 0 || cost < best_cost) {
-      best.S = S;
-      best.sps = sps;
-      best.rg = rg;
-      best.ctas = ctas;
-      best.smem = smem;
+      best = p;
       best_cost = cost;
     }
-    // S = 1 where it fits for M <= 8 (the tuned case: 1.5-3% better than any split in the
-    // sweep), and for M > 8 while x is small (<= 72 KB) and the CTAs fill at least half the
-    // SMs (KV, 32 CTAs at S = 1, was 9% faster with S = 8 at M = 16; gateup and Q 3-10%
-    // slower with any split; NOTES.md "split-K sweep").
-    if (S == 1 && forced == 0 &&
-        (M <= 8 || (size_t(M) * (sps * kStepK + kXPad) * sizeof(T) <= 72 * 1024 && 2 * ctas >= slots)))
-      break;
   }
   return best;
 }
@@ -989,15 +984,18 @@ Plan plan_of(int M, int64_t N, int64_t K, int device, const DeviceInfo& dev) {
 template <typename T, int K_BITS, int FMT, int NT>
 cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int32_t* packed,
                    const void* absmax, const float* cb, int64_t N, int64_t K, int exponent,
-                   const void* bias, void* out, int64_t ldo) {
+                   const void* bias, void* out, int64_t ldo, const Workspace& ws) {
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
   // 32-bit block indices and sizes inside the kernel
   if (KT * kTileBlocks * N * K_BITS >= (int64_t(1) << 31) || N >= (int64_t(1) << 30)) return cudaErrorInvalidValue;
   int device = 0;
   cudaGetDevice(&device);
   const DeviceInfo& dev = device_info(device);
-  const Plan plan = plan_of<T, K_BITS>(M, N, K, device, dev);
+  // without a workspace, no split (kbit_mma_workspace_bytes: plan_for, the same plan with one)
+  const Plan plan = plan_of<T, K_BITS>(M, N, K, dev, ws.ptr != nullptr);
   if (plan.smem == 0 || plan.smem > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
+  if (plan.S > 1 && (int64_t(plan.ws_bytes) > ws.bytes || reinterpret_cast<uintptr_t>(ws.ptr) % 16 != 0))
+    return cudaErrorInvalidValue;
   const int rg = plan.rg, steps = plan.sps;
   // The bulk variant when its copies are legal (16-byte aligned chunks: whole row groups,
   // aligned tensors), its warp split exists and at least 2 stages (or all steps) fit.
@@ -1024,7 +1022,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     }
   }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  // Clusters of plan.S CTAs (the split variant) and PDL: launch_kernel.
+  uint32_t* const wsp = plan.S > 1 ? static_cast<uint32_t*>(ws.ptr) : nullptr;
   auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int warps, int items_per_warp, int pdl) {
     if (attr_err != cudaSuccess) return attr_err;
     cudaLaunchConfig_t cfg = {};
@@ -1032,9 +1030,9 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     cfg.blockDim = dim3(unsigned(warps * 32));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    return launch_kernel(cfg, plan.S, 0, pdl, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
+    return launch_kernel(cfg, 1, 0, pdl, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
                          int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages, ldexpf(1.f, exponent), vec_x,
-                         static_cast<const T*>(bias), static_cast<T*>(out), ldo, pdl);
+                         static_cast<const T*>(bias), static_cast<T*>(out), ldo, pdl, wsp);
   };
   auto go = [&](auto bulk, auto split, auto warps) {
     constexpr int W = decltype(warps)::value;
@@ -1060,26 +1058,26 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
 template <typename T, int K_BITS, int FMT>
 cudaError_t launch_m(int M, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
                      const void* a, const float* cb, int64_t N, int64_t K, int e,
-                     const void* bias, void* out, int64_t ldo) {
-  if (M <= 8) return launch<T, K_BITS, FMT, 1>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
-  if (M <= 16) return launch<T, K_BITS, FMT, 2>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
-  if (M <= 32) return launch<T, K_BITS, FMT, 4>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
-  return launch<T, K_BITS, FMT, 8>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo);
+                     const void* bias, void* out, int64_t ldo, const Workspace& ws) {
+  if (M <= 8) return launch<T, K_BITS, FMT, 1>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo, ws);
+  if (M <= 16) return launch<T, K_BITS, FMT, 2>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo, ws);
+  if (M <= 32) return launch<T, K_BITS, FMT, 4>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo, ws);
+  return launch<T, K_BITS, FMT, 8>(s, x, ldx, M, p, a, cb, N, K, e, bias, out, ldo, ws);
 }
 
 template <typename T, int K_BITS>
 cudaError_t launch_fmt(int fmt, int M, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
                        const void* a, const float* cb, int64_t N, int64_t K, int e,
-                       const void* bias, void* out, int64_t ldo) {
+                       const void* bias, void* out, int64_t ldo, const Workspace& ws) {
   if constexpr (KBIT_MMA_AB_ONLY) {
     if constexpr (std::is_same<T, __half>::value)
-      if (fmt == KBIT_ABSMAX_E4M4) return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+      if (fmt == KBIT_ABSMAX_E4M4) return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo, ws);
     return cudaErrorNotSupported;
   } else {
     switch (fmt) {
-      case KBIT_ABSMAX_E4M4: return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-      case KBIT_ABSMAX_F16: return launch_m<T, K_BITS, KBIT_ABSMAX_F16>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-      case KBIT_ABSMAX_F32: return launch_m<T, K_BITS, KBIT_ABSMAX_F32>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+      case KBIT_ABSMAX_E4M4: return launch_m<T, K_BITS, KBIT_ABSMAX_E4M4>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo, ws);
+      case KBIT_ABSMAX_F16: return launch_m<T, K_BITS, KBIT_ABSMAX_F16>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo, ws);
+      case KBIT_ABSMAX_F32: return launch_m<T, K_BITS, KBIT_ABSMAX_F32>(M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo, ws);
     }
   }
   return cudaErrorInvalidValue;
@@ -1088,12 +1086,12 @@ cudaError_t launch_fmt(int fmt, int M, cudaStream_t s, const void* x, int64_t ld
 template <typename T>
 cudaError_t launch_k(int k, int fmt, int M, cudaStream_t s, const void* x, int64_t ldx,
                      const int32_t* p, const void* a, const float* cb, int64_t N, int64_t K,
-                     int e, const void* bias, void* out, int64_t ldo) {
+                     int e, const void* bias, void* out, int64_t ldo, const Workspace& ws) {
   switch (k) {
-    case 2: return launch_fmt<T, 2>(fmt, M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-    case 3: return launch_fmt<T, 3>(fmt, M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-    case 4: return launch_fmt<T, 4>(fmt, M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
-    case 5: return launch_fmt<T, 5>(fmt, M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo);
+    case 2: return launch_fmt<T, 2>(fmt, M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo, ws);
+    case 3: return launch_fmt<T, 3>(fmt, M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo, ws);
+    case 4: return launch_fmt<T, 4>(fmt, M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo, ws);
+    case 5: return launch_fmt<T, 5>(fmt, M, s, x, ldx, p, a, cb, N, K, e, bias, out, ldo, ws);
   }
   return cudaErrorInvalidValue;
 }
@@ -1103,37 +1101,41 @@ cudaError_t launch_k(int k, int fmt, int M, cudaStream_t s, const void* x, int64
 
 extern "C" int kbit_mma_max_x_bytes(void) { return kbit::kMaxXSmem; }
 
-extern "C" int64_t kbit_mma_smem_bytes(int device, int dtype, int k, int64_t M, int64_t N, int64_t K) {
-  using namespace kbit;
-  if (device < 0 || N < 1 || K < 1) return 0;
+namespace kbit {
+namespace {
+// The plan of a call with these sizes on `device`, K split allowed (the caller gives a
+// workspace); the plan does not depend on the 16-bit activation type.
+Plan plan_for(int device, int k, int64_t M, int64_t N, int64_t K) {
+  if (device < 0 || M < 1 || M > kMaxM || N < 1 || K < 1) return Plan{};
   const DeviceInfo& dev = device_info(device);
-  const bool half = dtype == KBIT_F16 || dtype == KBIT_BF16;
-  if (!half || M < 1 || M > kMaxM) return 0;
-  switch (k) {  // the table size depends on k only; the x size on the dtype's width (2 bytes)
-    case 2: return int64_t(plan_of<__half, 2>(int(M), N, K, device, dev).smem);
-    case 3: return int64_t(plan_of<__half, 3>(int(M), N, K, device, dev).smem);
-    case 4: return int64_t(plan_of<__half, 4>(int(M), N, K, device, dev).smem);
-    case 5: return int64_t(plan_of<__half, 5>(int(M), N, K, device, dev).smem);
+  switch (k) {
+    case 2: return plan_of<__half, 2>(int(M), N, K, dev, true);
+    case 3: return plan_of<__half, 3>(int(M), N, K, dev, true);
+    case 4: return plan_of<__half, 4>(int(M), N, K, dev, true);
+    case 5: return plan_of<__half, 5>(int(M), N, K, dev, true);
   }
-  return 0;
+  return Plan{};
+}
+}  // namespace
+}  // namespace kbit
+
+extern "C" int64_t kbit_mma_smem_bytes(int device, int dtype, int k, int64_t M, int64_t N, int64_t K) {
+  if (dtype != KBIT_F16 && dtype != KBIT_BF16) return 0;
+  return int64_t(kbit::plan_for(device, k, M, N, K).smem);
 }
 
 // Force the mma launcher's K-slice count (1, 2, 4, 8; 0: automatic again) for this process; calls
 // the forced count cannot take are refused (cudaErrorInvalidValue). For tests and experiments.
 extern "C" void kbit_mma_force_ksplit(int S) { kbit::forced_ksplit() = S; }
 
-// K-slices (cluster size) the mma launcher would use for this call (0: the call is not handled).
+// K-slices the mma launcher would use for this call, given a workspace (0: not handled).
 extern "C" int kbit_mma_ksplit(int device, int k, int64_t M, int64_t N, int64_t K) {
-  using namespace kbit;
-  if (device < 0 || M < 1 || M > kMaxM) return 0;
-  const DeviceInfo& dev = device_info(device);
-  switch (k) {
-    case 2: return plan_of<__half, 2>(int(M), N, K, device, dev).S;
-    case 3: return plan_of<__half, 3>(int(M), N, K, device, dev).S;
-    case 4: return plan_of<__half, 4>(int(M), N, K, device, dev).S;
-    case 5: return plan_of<__half, 5>(int(M), N, K, device, dev).S;
-  }
-  return 0;
+  return kbit::plan_for(device, k, M, N, K).S;
+}
+
+// Workspace bytes kbit_mma would use for this call (0: none, it would not split K).
+extern "C" int64_t kbit_mma_workspace_bytes(int device, int k, int64_t M, int64_t N, int64_t K) {
+  return int64_t(kbit::plan_for(device, k, M, N, K).ws_bytes);
 }
 
 extern "C" int kbit_device_smem_optin(int device) {
@@ -1143,11 +1145,12 @@ extern "C" int kbit_device_smem_optin(int device) {
 extern "C" int kbit_mma(int device, void* stream, const void* x, int dtype, int64_t M,
                         int64_t ldx, const int32_t* packed, const void* absmax, int absmax_format,
                         const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
-                        const void* bias, void* out, int64_t ldo) {
+                        const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes) {
   using namespace kbit;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const Workspace ws{workspace, workspace_bytes, nullptr};
   return small_m_entry(device, dtype, M, N, kMaxM, [&](auto t) {
     return launch_k<decltype(t)>(k, absmax_format, int(M), s, x, ldx, packed, absmax, codebook, N, K,
-                                 absmax_exponent, bias, out, ldo);
+                                 absmax_exponent, bias, out, ldo, ws);
   });
 }

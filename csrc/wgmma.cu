@@ -835,17 +835,10 @@ int& forced_table() { static int v = 0; return v; }
 // Whether the last launch ran stream-K (tests).
 int& last_streamk() { static int v = 0; return v; }
 
-// Stream-K workspace (from the caller, one per stream or captured graph): kFlagBytes of flags
-// (uint32 per CTA, zero between calls: each owner clears the flags it consumed), then per CTA
-// (G = the grid) G x threads exponents (int) and G partial tiles of 64 * WG rows x TN tokens
-// in fp16. `need` (a query, kbit_wgmma_workspace_bytes): launch nothing, set *need to the
-// bytes the call would use (0: it would not run stream-K).
-struct Workspace {
-  void* ptr;
-  int64_t bytes;
-  int64_t* need;
-  int64_t* cost = nullptr;  // dry query of the split model's cost (launch_bits' TN = 32 rule)
-};
+// Stream-K workspace (Workspace, common.cuh; from the caller, one per stream or captured
+// graph): kFlagBytes of flags (uint32 per CTA, zero between calls: each owner clears the flags
+// it consumed), then per CTA (G = the grid) G x threads exponents (int) and G partial tiles of
+// 64 * WG rows x TN tokens in fp16.
 constexpr int64_t kFlagBytes = 4 * 1024;  // flags of up to 1024 CTAs
 inline int64_t streamk_bytes(int ctas, int rows, int tn) {
   return kFlagBytes + int64_t(ctas) * (2 * rows * 4 + int64_t(rows) * tn * 2);  // threads = 2 * rows

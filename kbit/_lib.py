@@ -47,9 +47,10 @@ _SIGNATURES = {
     ),
     "kbit_mma": (
         [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_p, _c_p, _c_int, _c_p, _c_int, _c_i64,
-         _c_i64, _c_int, _c_p, _c_p, _c_i64],
+         _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_p, _c_i64],
         _c_int,
     ),
+    "kbit_mma_workspace_bytes": ([_c_int, _c_int, _c_i64, _c_i64, _c_i64], _c_i64),
     "kbit_wgmma": (
         [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_p, _c_p, _c_int, _c_p, _c_int, _c_i64,
          _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_p, _c_i64],

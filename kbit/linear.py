@@ -73,8 +73,9 @@ def _launch_args(qweight: QuantizedWeight, dev: torch.device):
 
 
 def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
-    """Eager CUDA call of the mma or gemv kernel (same C signature) without the torch.library
-    dispatch (51 -> 18 us of host time per call at M = 1, NOTES.md), or None when any
+    """Eager CUDA call of the mma or gemv kernel (the same C signature, plus mma's split-K
+    workspace) without the torch.library dispatch (51 -> 18 us of host time per call at M = 1,
+    NOTES.md), or None when any
     precondition fails (the caller then takes the op path, which checks everything and raises
     the errors). qweight's fields were validated when it was built (frozen dataclass)."""
     lib = _lib._lib
@@ -94,6 +95,8 @@ def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
         _supported[key] = ok
     if not ok:
         return None
+    # mma's split-K workspace: the op path's cache (kbit/ops.py _workspace)
+    need = ops._workspace_need(lib, "mma", dev.index, x2.dtype, m, kdim, n, wargs[4], wargs[2]) if kernel == "mma" else 0
     if bias is not None and (bias.dtype != x2.dtype or bias.shape != (n,) or bias.device != dev
                              or not bias.is_contiguous()):
         return None
@@ -105,12 +108,14 @@ def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
         return None
     index = dev.index
     stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
-    call = lib.kbit_mma if kernel == "mma" else lib.kbit_gemv
-    rc = call(
-        index, stream, x2.data_ptr(), _lib.DTYPE_CODES[x2.dtype], m, x2.stride(0),
-        wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[5],
-        bias.data_ptr() if bias is not None else None, y.data_ptr(), n,
-    )
+    args = (index, stream, x2.data_ptr(), _lib.DTYPE_CODES[x2.dtype], m, x2.stride(0),
+            wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[5],
+            bias.data_ptr() if bias is not None else None, y.data_ptr(), n)
+    if kernel == "mma":
+        ws = ops._workspace(lib, "mma", x2, index, stream, need)
+        rc = lib.kbit_mma(*args, *((ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)))
+    else:
+        rc = lib.kbit_gemv(*args)
     if rc:
         _lib.check(rc, kernel)
     return y

@@ -371,8 +371,8 @@ __all__ = [
 # Three kernels compute out[M, N] = x[M, K] @ W^T (+ bias) for a tiled64 weight:
 #   gemv:  scalar FMA kernel, M <= 4;
 #   mma:   tensor-core kernel (mma.sync, weights decoded into registers), M <= 64, with x
-#          staged in shared memory: whole, or (sm_90+) split over K between the CTAs of a
-#          cluster (mma_supports());
+#          staged in shared memory: whole, or split over K between 2, 4 or 8 CTAs that add
+#          their partial sums through a workspace (mma_supports(), mma_ksplit());
 #   wgmma: tiled GEMM on Hopper's warpgroup MMA (compute capability 9.0 only), any M, the
 #          weights decoded into the wgmma's A registers, x read by TMA (wgmma_supports()).
 # Each has a functional form and an `_out` form writing into a caller-provided [M, N] tensor.
@@ -380,7 +380,7 @@ __all__ = [
 GEMV_MAX_M = 4
 MMA_MAX_M = 64
 WGMMA_MAX_M = 2**31 - 1
-MMA_MAX_KSPLIT = 8  # csrc/mma.cu: K-slices per cluster at most (sm_90+)
+MMA_MAX_KSPLIT = 8  # csrc/mma.cu kMaxKSlices: K-slices per row-group set at most
 # csrc/mma.cu kMaxXSmem (staged x per CTA), read from the library when it is loaded
 MMA_MAX_X_BYTES = _lib._lib.kbit_mma_max_x_bytes() if _lib.available() else 136 * 1024
 ACT_DTYPES = (torch.float16, torch.bfloat16)
@@ -389,9 +389,9 @@ ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 def mma_supports(m: int, kdim: int, n: int | None = None, k: int | None = None, device=None) -> bool:
     """Whether the tensor-core kernel takes x [m, kdim]. Given n, k and a CUDA device: the
-    library's own rule (its launch plan fits the device's shared memory; K is split over a
-    cluster's CTAs only on sm_90+). Otherwise the loosest rule: a K-slice of x (at most
-    MMA_MAX_KSPLIT per cluster) within MMA_MAX_X_BYTES."""
+    library's own rule (its launch plan fits the device's shared memory). Otherwise the
+    loosest rule: a K-slice of x (K split MMA_MAX_KSPLIT ways at most) within
+    MMA_MAX_X_BYTES."""
     steps = -(-kdim // 128)
     x_bytes = m * (-(-steps // MMA_MAX_KSPLIT) * 128 + 16) * 2
     if not (1 <= m <= MMA_MAX_M and x_bytes <= MMA_MAX_X_BYTES):
@@ -441,7 +441,7 @@ def force_wgmma_config(tn: int = 0, wg: int = 0, splits: int = 0, k5_table: str 
         raise ValueError(f"k5_table must be one of {sorted(_K5_TABLES)}, got {k5_table!r}")
     if _lib.available():
         _lib._lib.kbit_wgmma_force_config(int(tn), int(wg), int(splits), _K5_TABLES[k5_table])
-        _wgmma_need.clear()  # the stream-K decision follows the forced configuration
+        _ws_need.clear()  # the stream-K decision follows the forced configuration
 
 
 def _device_index(device) -> int:
@@ -467,8 +467,8 @@ def _mma_max_m(index: int, k: int, n: int, kdim: int) -> int:
 
 
 def mma_ksplit(m: int, kdim: int, n: int, k: int, device) -> int:
-    """K-slices (CTAs per cluster) of the mma launch plan for this call on a CUDA device: 1 =
-    x staged whole, 2..8 = split over K (sm_90+), 0 = not handled by mma."""
+    """K-slices of the mma launch plan for this call on a CUDA device: 1 = x staged whole,
+    2, 4, 8 = K split over that many CTAs per row-group set, 0 = not handled by mma."""
     if not _lib.available():
         return 0
     return _lib._lib.kbit_mma_ksplit(_device_index(device), k, m, n, kdim)
@@ -480,6 +480,7 @@ def force_mma_ksplit(S: int) -> None:
     if _lib.available():
         _lib._lib.kbit_mma_force_ksplit(int(S))
     _max_m.clear()
+    _ws_need.clear()
 
 
 def force_gemv_rows(rows: int, warps: int = 0) -> None:
@@ -518,14 +519,17 @@ def _small_m_ref_into(x, packed, absmax, codebook, n, kdim, absmax_exponent, bia
     out.copy_(y.to(x.dtype))
 
 
-_wgmma_need: dict = {}  # (device, dtype, M, K, N, k, absmax format) -> workspace bytes (0: none)
-_wgmma_workspaces: dict = {}  # (device, stream) -> zeroed workspace of eager calls
-_wgmma_graph_workspaces: dict = {}  # (device, stream) -> (capture id, workspace of that capture)
-_wgmma_graph_kept: list = []  # every captured workspace, never freed (see _wgmma_workspace)
+# Workspaces of the split kernels (wgmma's stream-K, mma's split-K), one set per kernel:
+_ws_need: dict = {}  # (kernel, device, dtype, M, K, N, k, absmax format) -> bytes (0: none)
+_workspaces: dict = {}  # (kernel, device, stream) -> zeroed workspace of eager calls
+_graph_workspaces: dict = {}  # (kernel, device, stream) -> (capture id, workspace of that capture)
+_graph_kept: list = []  # every captured workspace, never freed (see _workspace)
 _wgmma_shared_workspace = None
 # KBIT_STREAMK=0: no wgmma call gets a workspace, so none runs stream-K (A/B experiments).
 _wgmma_streamk = os.environ.get("KBIT_STREAMK", "1") != "0"
-_FLAG_BYTES = 4096  # the workspace's flags (csrc/wgmma.cu kFlagBytes): zero between calls
+_FLAG_BYTES = 4096  # wgmma's flags (csrc/wgmma.cu kFlagBytes): zero between calls
+# The bytes zeroed at a capture's first use: wgmma's flags; all of mma's (each word is a flag)
+_ZERO_BYTES = {"wgmma": _FLAG_BYTES, "mma": None}
 
 
 def use_wgmma_workspace(ws: Tensor | None) -> None:
@@ -538,44 +542,52 @@ def use_wgmma_workspace(ws: Tensor | None) -> None:
     _wgmma_shared_workspace = ws
 
 
-def _wgmma_workspace(lib, x: Tensor, dev: int, stream: int, m: int, kdim: int, n: int, k: int, fmt: int):
-    """The stream-K workspace of a wgmma call, or None when the call does not run stream-K
-    (csrc/wgmma.cu decides; asked once per shape). A workspace's flags must be zero before a
-    call, and every call leaves them zero, so calls that run one after another share one:
-    eager calls one per (device, stream); a CUDA-graph capture one per (device, stream) of
-    that capture, allocated from the graph's memory pool with its flags zeroed by a memset
-    node captured before its first use (so every replay starts with them zero; two graphs do
-    not share one). A captured workspace is never freed: freed, its block could go to a later
-    capture that shares the pool (torch.compile's CUDA-graph trees, `pool=`), whose tensors
-    the first graph's replays would then overwrite. That keeps up to ~9 MB per captured graph
-    that runs stream-K (4.4 MB on an H100 for the automatic configurations)."""
-    if not _wgmma_streamk:
-        return None
-    key = (dev, x.dtype, m, kdim, n, k, fmt)
-    need = _wgmma_need.get(key)
+def _workspace_need(lib, kernel: str, dev: int, dtype, m: int, kdim: int, n: int, k: int, fmt: int) -> int:
+    """The workspace bytes of a wgmma / mma call (0: it would not split K), asked once per shape."""
+    key = (kernel, dev, dtype, m, kdim, n, k, fmt)
+    need = _ws_need.get(key)
     if need is None:
-        need = int(lib.kbit_wgmma_workspace_bytes(dev, _lib.DTYPE_CODES[x.dtype], m, kdim, n, k, fmt))
-        _wgmma_need[key] = need
+        if kernel == "wgmma":
+            need = int(lib.kbit_wgmma_workspace_bytes(dev, _lib.DTYPE_CODES[dtype], m, kdim, n, k, fmt))
+        else:
+            need = int(lib.kbit_mma_workspace_bytes(dev, k, m, n, kdim))
+        _ws_need[key] = need
+    return need
+
+
+def _workspace(lib, kernel: str, x: Tensor, dev: int, stream: int, need: int):
+    """The workspace of a split wgmma (stream-K) or mma (split-K) call of `need` bytes, or None
+    for need == 0. A workspace must be zero before a call (wgmma: its first 4 KB of flags;
+    mma: all of it), and every call leaves it so, so calls that run one after another share
+    one: eager calls one per (kernel, device, stream); a CUDA-graph capture one per (kernel,
+    device, stream) of that capture, allocated from the graph's memory pool and zeroed by a
+    memset node captured before its first use (so every replay starts with it zero; two
+    graphs do not share one). A captured workspace is never freed: freed, its block could go
+    to a later capture that shares the pool (torch.compile's CUDA-graph trees, `pool=`), whose
+    tensors the first graph's replays would then overwrite. That keeps up to ~9 MB per
+    captured graph that splits (4.4 MB on an H100 for wgmma's automatic configurations)."""
     if need == 0:
         return None
-    if _wgmma_shared_workspace is not None:
+    if kernel == "wgmma" and _wgmma_shared_workspace is not None:
         return _wgmma_shared_workspace
     capture = int(lib.kbit_stream_capture_id(stream))  # x's stream (not the current device's)
+    key = (kernel, dev, stream)
     if capture:
-        held = _wgmma_graph_workspaces.get((dev, stream))
+        held = _graph_workspaces.get(key)
         if held is not None and held[0] == capture and held[1].numel() >= need:
             return held[1]
         ws = torch.empty(need, dtype=torch.uint8, device=x.device)
-        ws[:_FLAG_BYTES].zero_()  # captured: runs at every replay, before the workspace's first call
-        _wgmma_graph_workspaces[(dev, stream)] = (capture, ws)
-        _wgmma_graph_kept.append(ws)
+        ws[:_ZERO_BYTES[kernel]].zero_()  # captured: runs at every replay, before the first call
+        _graph_workspaces[key] = (capture, ws)
+        _graph_kept.append(ws)
         return ws
-    ws = _wgmma_workspaces.pop((dev, stream), None)  # re-inserted last: least recently used first
+    ws = _workspaces.pop(key, None)  # re-inserted last: least recently used first
     if ws is None or ws.numel() < need:
-        if ws is None and len(_wgmma_workspaces) >= 8:  # streams come and go: keep the latest few
-            _wgmma_workspaces.pop(next(iter(_wgmma_workspaces)))
+        mine = [held for held in _workspaces if held[0] == kernel]
+        if ws is None and len(mine) >= 8:  # streams come and go: keep the latest few per kernel
+            _workspaces.pop(mine[0])
         ws = torch.zeros(need, dtype=torch.uint8, device=x.device)
-    _wgmma_workspaces[(dev, stream)] = ws
+    _workspaces[key] = ws
     return ws
 
 
@@ -606,8 +618,11 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
     fmt = _lib.ABSMAX_CODES[absmax_format_of(absmax)]
     k = codebook.numel().bit_length() - 1
     extra = ()
-    if cfn == "kbit_wgmma":
-        ws = _wgmma_workspace(lib, x, dev, stream, x.shape[0], kdim, n, k, fmt)
+    if cfn in ("kbit_wgmma", "kbit_mma"):
+        kernel = cfn[5:]
+        need = 0 if kernel == "wgmma" and not _wgmma_streamk else _workspace_need(
+            lib, kernel, dev, x.dtype, x.shape[0], kdim, n, k, fmt)
+        ws = _workspace(lib, kernel, x, dev, stream, need)
         extra = (ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)
     rc = getattr(lib, cfn)(
         dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),

@@ -95,11 +95,18 @@ int main(int argc, char** argv) {
     std::vector<__half> hx(size_t(M) * sh.K * copies);  // x and codebook per copy: cold like the weights
     for (size_t i = 0; i < hx.size(); i++) hx[i] = __float2half(float(int(i * 37 % 17) - 8) / 16.f);
     CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+    // the split-K workspace (zeroed once; every call leaves it zeroed)
+    const int64_t ws_bytes = kbit_mma_workspace_bytes(0, k, M, sh.N, sh.K);
+    void* ws = nullptr;
+    if (ws_bytes > 0) {
+      CK(cudaMalloc(&ws, ws_bytes));
+      CK(cudaMemset(ws, 0, ws_bytes));
+    }
     auto call = [&](int c) {
       int e = kbit_mma(0, s, x + size_t(M) * sh.K * c, KBIT_F16, M, sh.K,
                        reinterpret_cast<const int32_t*>(packed + words * c), absmax + scales * c,
                        KBIT_ABSMAX_E4M4, cb + 32 * c, k, sh.N, sh.K, 0, nullptr,
-                       out + size_t(M) * sh.N * c, sh.N);
+                       out + size_t(M) * sh.N * c, sh.N, ws, ws_bytes);
       if (e != 0) { fprintf(stderr, "kbit_mma: %s\n", cudaGetErrorString(cudaError_t(e))); exit(1); }
     };
     // graph of `copies` calls (each on its own weight copy), replayed
@@ -148,7 +155,7 @@ int main(int argc, char** argv) {
            bytes / (us * 1e3), ctas, mean[0][0], mean[1][1], mean[2][1], mean[3][1], mean[4][0],
            mean[4][1], mean[5][0], mean[5][1], last, mean[6][0], mean[6][1], mean[7][0], mean[7][1], mean[1][0], mean[8][0], mean[9][1]);
     CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
-    CK(cudaFree(packed)); CK(cudaFree(absmax)); CK(cudaFree(cb)); CK(cudaFree(x)); CK(cudaFree(out));
+    CK(cudaFree(packed)); CK(cudaFree(absmax)); CK(cudaFree(cb)); CK(cudaFree(x)); CK(cudaFree(out)); CK(cudaFree(ws));
   }
   return 0;
 }

@@ -54,19 +54,20 @@ for k in (3, 4):
         for m in (1, 12):
             ops.mma(torch.randn(m, 320, device="cuda").half(), t.packed, t.absmax, t.codebook,
                     12288, 320, t.absmax_exponent)
-# mma split over K (clusters of 2, 4, 8 CTAs, sm_90+): NT = 4 and 8, unequal slices (K = 4128),
-# and the bulk variant with a split (N = 12288)
-if torch.cuda.get_device_capability()[0] >= 9:
-    for k in (3, 5):
-        for n, kdim, ms in ((200, 4128, (17, 40)), (512, 2048, (16, 64)), (12288, 320, (9, 33))):
-            t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
-            for S in (2, 4, 8):
-                ops.force_mma_ksplit(S)
-                for m in ms:
-                    if ops.mma_ksplit(m, kdim, n, k, "cuda") == S:
+# mma split over K (2, 4, 8 CTAs adding partial sums through the workspace; each call twice:
+# the second reuses the workspace the first left zeroed): NT = 4 and 8, unequal slices (K =
+# 4128), and the bulk variant with a split (N = 12288)
+for k in (3, 5):
+    for n, kdim, ms in ((200, 4128, (12, 17, 40)), (512, 2048, (16, 64)), (12288, 320, (9, 33))):
+        t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
+        for S in (2, 4, 8):
+            ops.force_mma_ksplit(S)
+            for m in ms:
+                if ops.mma_ksplit(m, kdim, n, k, "cuda") == S:
+                    for _ in range(2):
                         ops.mma(torch.randn(m, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook,
                                 n, kdim, t.absmax_exponent)
-            ops.force_mma_ksplit(0)
+        ops.force_mma_ksplit(0)
 # wgmma (compute capability 9.0): every tile width and warpgroup count, split-K clusters (3: a
 # split with fewer steps), rows past N (200), a half last k-tile (K = 4128), tokens past the
 # CTA's tile, every k and absmax format, k = 5's two codebook tables

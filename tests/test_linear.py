@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kbit
-from kbit import ops
+from kbit import _lib, ops
 from kbit import reference as ref
 
 from conftest import GPU, random_weight
@@ -205,19 +205,16 @@ def test_mma_bulk_copy_ring_wraps(device, k, rng):
         assert err <= TOL[torch.float16], (m, err)
 
 
-def _cluster_capable():
-    """sm_90+ (the library is built with an sm_90a binary, setup.py): clusters exist."""
-    return GPU and torch.cuda.get_device_capability()[0] >= 9
-
-
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 def test_mma_split_k(k, rng):
-    """Split-K (clusters of 2, 4, 8 CTAs adding their partial sums through distributed shared
-    memory, sm_90+): every forced slice count on shapes with slices of unequal length (K = 4128:
-    33 steps), a bias, the bulk-copy variant (N = 12288), M in every token-tile width, both
-    dtypes, NaN-poisoned outputs. Same bounds as test_mma_small_m. Without cluster support
-    (pre-sm_90) only S = 1 exists: forcing S = 2 must refuse the call, not compute garbage."""
+    """Split-K (2, 4, 8 CTAs per row-group set adding their partial sums through the workspace):
+    every forced slice count on shapes with slices of unequal length (K = 4128: 33 steps), a
+    bias, the bulk-copy variant (N = 12288), M in every token-tile width, both dtypes,
+    NaN-poisoned outputs, each call twice (the workspace must be left all zero for the next
+    one, which would otherwise add stale partial sums or wait on them). Same bounds as
+    test_mma_small_m. Then the workspace is all zero, and a call forced to split without a
+    workspace is refused."""
     device = "cuda"
     cases = [(200, 4128, (1, 17, 40)), (512, 2048, (5, 16, 64)), (12288, 320, (9, 33))]
     seen = set()
@@ -233,21 +230,28 @@ def test_mma_split_k(k, rng):
                         continue
                     seen.add(S)
                     dtype = (torch.float16, torch.bfloat16)[i % 2]
-                    x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
                     bias = torch.randn(n, generator=rng).to(dtype).to(device)
-                    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
-                    ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
-                    err = _rel_err(out.cpu(), ref.linear(x.cpu(), w, bias.cpu()))
-                    assert err <= TOL[dtype], (n, kdim, m, S, err)
-        if _cluster_capable():
-            assert seen == {1, 2, 4, 8}, seen
-        else:
-            assert seen <= {1}, seen
-            ops.force_mma_ksplit(2)
-            x = torch.randn(1, 2048, dtype=torch.float16, device=device)
-            q = kbit.repack(kbit.quantize(random_weight(64, 2048, gen=rng, device=device), k=k))
-            with pytest.raises((ValueError, RuntimeError)):
-                ops.mma(x, q.packed, q.absmax, q.codebook, 64, 2048, 0)
+                    for _ in range(2):
+                        x = torch.randn(m, kdim, generator=rng).to(dtype).to(device)
+                        out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                        ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
+                        err = _rel_err(out.cpu(), ref.linear(x.cpu(), w, bias.cpu()))
+                        assert err <= TOL[dtype], (n, kdim, m, S, err)
+        assert seen == {1, 2, 4, 8}, seen
+        torch.cuda.synchronize()
+        held = [ws for key, ws in ops._workspaces.items() if key[0] == "mma"]
+        assert held and all(not ws.any() for ws in held)
+        ops.force_mma_ksplit(2)
+        assert ops.mma_ksplit(1, 2048, 64, k, device) == 2
+        x = torch.randn(1, 2048, dtype=torch.float16, device=device)
+        q = kbit.repack(kbit.quantize(random_weight(64, 2048, gen=rng, device=device), k=k))
+        out = torch.empty(1, 64, dtype=torch.float16, device=device)
+        dev, stream = _lib.stream_of(x)
+        rc = _lib._lib.kbit_mma(
+            dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], 1, 2048, q.packed.data_ptr(),
+            q.absmax.data_ptr(), _lib.ABSMAX_CODES[q.absmax_format], q.codebook.data_ptr(), k, 64,
+            2048, 0, None, out.data_ptr(), 64, None, 0)
+        assert rc != 0  # forced to split, no workspace: refused without launching
     finally:
         ops.force_mma_ksplit(0)
 
@@ -261,10 +265,7 @@ def test_mma_model_shapes_large_m(rng):
         w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
                            q.absmax_exponent, torch.float32)
         for m in (16, 48, 64):
-            if _cluster_capable():
-                assert ops.mma_supports(m, kdim, n, 4, "cuda"), (kdim, n, m)
-            if not ops.mma_supports(m, kdim, n, 4, "cuda"):
-                continue
+            assert ops.mma_supports(m, kdim, n, 4, "cuda"), (kdim, n, m)
             x = torch.randn(m, kdim, generator=rng).to(torch.float16).cuda()
             out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
             ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, 0, None, out)

@@ -5,8 +5,9 @@ next call reads, with no synchronisation between them, and compares with the ref
 dequantized in float32, product in float64; tolerance of test_linear.py: 2e-3 for fp16, one
 output rounding with ~4x margin). A call that read too early would see NaN poison or the
 previous weights: errors of order 1 or NaN. Run under KBIT_PDL=0, 1 and 2 alike. The "split"
-variants force a K split over a thread-block cluster (mma S = 2, wgmma splits = 4): the cluster
-and PDL launch attributes together."""
+variants force a K split: mma S = 2 (partial sums through its workspace, which the previous
+call left for it), wgmma splits = 4 (over a thread-block cluster: the cluster and PDL launch
+attributes together)."""
 
 import pytest
 import torch
@@ -19,8 +20,8 @@ from conftest import GPU, gpu, random_weight
 
 TOL = 2e-3
 WGMMA = GPU and ops.wgmma_supports(1, 64, 64, 4, "cuda")
-# (kernel, forced K split): mma's split is over a cluster on sm_90 (K = 2048 at M = 8 fits one
-# CTA otherwise); wgmma's forced splits = 4 also over a cluster
+# (kernel, forced K split): mma's S = 2 (K = 2048 at M = 8 fits one CTA otherwise); wgmma's
+# forced splits = 4 over a cluster
 KERNELS = {"gemv": ("gemv", 0), "mma": ("mma", 0), "mma_split": ("mma", 2), "wgmma": ("wgmma", 0),
            "wgmma_split": ("wgmma", 4)}
 
@@ -33,8 +34,6 @@ def forced():
         if kernel.startswith("wgmma") and not WGMMA:
             pytest.skip("needs wgmma (compute capability 9.0, sm_90a build)")
         if kernel == "mma":
-            if split > 1 and torch.cuda.get_device_capability()[0] < 9:
-                pytest.skip("mma's K split over a cluster needs sm_90")
             ops.force_mma_ksplit(split)
         elif kernel == "wgmma":
             ops.force_wgmma_config(0, 0, split)
@@ -108,7 +107,8 @@ def test_weights_written_just_before(name, m, rng, forced):
 
 
 @gpu
-@pytest.mark.parametrize("name,m", [("gemv", 2), ("mma", 3), ("wgmma", 48), ("wgmma_split", 48)])
+@pytest.mark.parametrize("name,m", [("gemv", 2), ("mma", 3), ("mma_split", 8), ("wgmma", 48),
+                                    ("wgmma_split", 48)])
 def test_chain_in_cuda_graph(name, m, rng, forced):
     """The chain of test_chain_reads_previous_output captured once and replayed with new x."""
     name = forced(name)

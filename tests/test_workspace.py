@@ -1,7 +1,8 @@
-"""The wgmma stream-K workspace cache (kbit/ops.py: _wgmma_workspace), against a fake native
-library: runs without a GPU. What it must guarantee: calls that may run at once never share a
-workspace (one per (device, stream) eager, one per CUDA-graph capture), a workspace's flags
-start zeroed, a captured workspace is never dropped (a graph's replays keep using it), and
+"""The split kernels' workspace cache (kbit/ops.py: _workspace_need, _workspace; wgmma's
+stream-K, mma's split-K), against a fake native library: runs without a GPU. What it must
+guarantee: calls that may run at once never share a workspace (one per (kernel, device, stream)
+eager, one per CUDA-graph capture), a workspace starts zeroed (wgmma: its flags; mma: all of
+it), a captured workspace is never dropped (a graph's replays keep using it), and
 KBIT_STREAMK=0 / a need of 0 give no workspace at all."""
 
 import pytest
@@ -11,7 +12,8 @@ from kbit import ops
 
 
 class FakeLib:
-    """kbit_wgmma_workspace_bytes answers `need`; kbit_stream_capture_id answers `capture`."""
+    """kbit_wgmma_workspace_bytes and kbit_mma_workspace_bytes answer `need`;
+    kbit_stream_capture_id answers `capture`."""
 
     def __init__(self, need: int):
         self.need = need
@@ -22,6 +24,10 @@ class FakeLib:
         self.asked += 1
         return self.need
 
+    def kbit_mma_workspace_bytes(self, dev, k, m, n, kdim):
+        self.asked += 1
+        return self.need
+
     def kbit_stream_capture_id(self, stream):
         return self.capture
 
@@ -29,10 +35,10 @@ class FakeLib:
 @pytest.fixture
 def cache(monkeypatch):
     """Fresh module state for each test."""
-    monkeypatch.setattr(ops, "_wgmma_need", {})
-    monkeypatch.setattr(ops, "_wgmma_workspaces", {})
-    monkeypatch.setattr(ops, "_wgmma_graph_workspaces", {})
-    monkeypatch.setattr(ops, "_wgmma_graph_kept", [])
+    monkeypatch.setattr(ops, "_ws_need", {})
+    monkeypatch.setattr(ops, "_workspaces", {})
+    monkeypatch.setattr(ops, "_graph_workspaces", {})
+    monkeypatch.setattr(ops, "_graph_kept", [])
     monkeypatch.setattr(ops, "_wgmma_shared_workspace", None)
     monkeypatch.setattr(ops, "_wgmma_streamk", True)
     return ops
@@ -42,19 +48,35 @@ X = torch.empty(1, 8, dtype=torch.float16)
 NEED = ops._FLAG_BYTES + 1000
 
 
-def _ws(lib, stream, m=256):
-    return ops._wgmma_workspace(lib, X, 0, stream, m, 2048, 5120, 4, 0)
+def _ws(lib, stream, m=256, kernel="wgmma"):
+    """What _small_m_cuda_into does for a call on `stream`."""
+    need = 0 if kernel == "wgmma" and not ops._wgmma_streamk else ops._workspace_need(
+        lib, kernel, 0, X.dtype, m, 2048, 5120, 4, 0)
+    return ops._workspace(lib, kernel, X, 0, stream, need)
 
 
-def test_no_streamk_no_workspace(cache):
+def test_no_split_no_workspace(cache):
     lib = FakeLib(0)
     assert _ws(lib, 7) is None
     assert _ws(lib, 7) is None
-    assert lib.asked == 1  # the answer is cached per shape
+    assert _ws(lib, 7, kernel="mma") is None
+    assert lib.asked == 2  # the answer is cached per kernel and shape
     lib = FakeLib(NEED)
     cache._wgmma_streamk = False  # KBIT_STREAMK=0
     assert _ws(lib, 7) is None
     assert lib.asked == 0
+
+
+def test_mma_own_workspace_zeroed(cache):
+    lib = FakeLib(NEED)
+    w = _ws(lib, 7)
+    a = _ws(lib, 7, kernel="mma")
+    assert a is not w  # wgmma leaves its partials behind; mma needs every word zero
+    assert a.numel() >= NEED and not a.any()
+    assert _ws(lib, 7, kernel="mma") is a
+    lib.capture = 5
+    g = _ws(lib, 7, kernel="mma")
+    assert g is not a and not g.any()
 
 
 def test_eager_one_per_stream_zeroed(cache):
@@ -78,7 +100,7 @@ def test_eager_evicts_least_recently_used(cache):
     _ws(lib, 100)  # a ninth stream evicts the least recently used, stream 1
     assert _ws(lib, 0) is held[0]
     assert _ws(lib, 2) is held[2]
-    assert len(cache._wgmma_workspaces) == 8 and (0, 1) not in cache._wgmma_workspaces
+    assert len(cache._workspaces) == 8 and ("wgmma", 0, 1) not in cache._workspaces
 
 
 def test_captured_workspaces_per_capture_and_kept(cache):
@@ -97,7 +119,7 @@ def test_captured_workspaces_per_capture_and_kept(cache):
     assert g2 is not g1b  # another graph: its own
     lib.capture = 0
     assert _ws(lib, 7) is eager  # eager calls keep theirs
-    kept = cache._wgmma_graph_kept
+    kept = cache._graph_kept
     assert any(t is g1 for t in kept) and any(t is g1b for t in kept) and any(t is g2 for t in kept)
 
 
