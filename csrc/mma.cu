@@ -395,8 +395,8 @@ template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT, int W>
 __device__ __forceinline__ void mma_body(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
-    int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
-    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws) {
+    int steps, int kslices, int owners, int rg_per_cta, int items_per_warp, int n_stages, float shift_up,
+    bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws) {
   constexpr int kThreads = W * 32;
   constexpr int kWarps = W;
   KBIT_MMA_MARK(0, 0u);
@@ -826,49 +826,64 @@ __device__ __forceinline__ void mma_body(
   __syncthreads();
 
   // 4. Write C, in quads of 4 rows (16-byte shared loads). Split-K: the workspace holds
-  // kslices - 1 partial tiles per row-group set (rg_per_cta * M * 16 floats each), every word
-  // 0 between calls. Slices 0 .. kslices - 2 store their partial sums there and leave: no
-  // fence and no counter, each 32-bit word is its own flag, stored bit-inverted (and a float
+  // kslices partial tiles per row-group set (rg_per_cta * M * 16 floats each; slice r's in
+  // tile r), every word 0 between calls. owners = kslices: slice r owns the r-th 1 / kslices
+  // of the quads; owners = 1: the last slice owns them all (the others store and leave, so
+  // that the next kernel's CTAs can take their SMs sooner). A slice stores the quads other
+  // slices own into its tile, then adds the others' partials of its own quads to its own as
+  // they arrive, in slice order (deterministic), writes C and zeroes the words it read. No
+  // fence and no counter: each 32-bit word is its own flag, stored bit-inverted (and a float
   // of all-ones bits, a NaN no arithmetic makes, as the canonical NaN) so that it is never 0.
-  // The last slice adds them as they arrive, in slice order and its own last (deterministic),
-  // writes C and zeroes the words it read. It waits only for CTAs of lower block index, which
-  // are dispatched before it (the same assumption as wgmma's stream-K).
+  // A slice waits for the other slices of its set (consecutive blocks): all of them run at
+  // once on one wave, or once the sets before them leave their SMs; the next kernel's CTAs
+  // (PDL) cannot take those SMs first, as they start only when every CTA of this grid has.
   const int quads = rg_per_cta * M * (kRows / 4);
-  uint4* const wpart = SPLIT ? reinterpret_cast<uint4*>(ws) + size_t(cta) * (kslices - 1) * quads : nullptr;
-  if (SPLIT && slice < kslices - 1) {
+  uint4* const wtile = SPLIT ? reinterpret_cast<uint4*>(ws) + size_t(cta) * kslices * quads : nullptr;
+  int first = 0, last = quads;
+  if (SPLIT) {
+    if (owners == 1) {
+      first = slice == kslices - 1 ? 0 : quads;
+    } else {
+      const int share = (quads + kslices - 1) / kslices;
+      first = min(quads, slice * share);
+      last = min(quads, first + share);
+    }
     auto word = [](float f) {
       const uint32_t b = __float_as_uint(f);
       return ~(b == 0xffffffffu ? 0x7fffffffu : b);
     };
-    for (int i = int(threadIdx.x); i < quads; i += kThreads) {
+    for (int j = int(threadIdx.x); j < quads - (last - first); j += kThreads) {
+      const int i = j < first ? j : j + (last - first);  // a quad another slice owns
       const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
-      if ((group0 + rg) * kRows + row >= N) continue;  // the last slice reads the same quads
+      if ((group0 + rg) * kRows + row >= N) continue;  // its owner skips it too
       const float4 v = *reinterpret_cast<const float4*>(acc_s + (rg * M + m) * kAccStride + row);
-      __stcg(wpart + size_t(slice) * quads + i, make_uint4(word(v.x), word(v.y), word(v.z), word(v.w)));
+      __stcg(wtile + size_t(slice) * quads + i, make_uint4(word(v.x), word(v.y), word(v.z), word(v.w)));
     }
-    return;
   }
-  for (int i = int(threadIdx.x); i < quads; i += kThreads) {
+  for (int i = first + int(threadIdx.x); i < last; i += kThreads) {
     const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
     const int n = (group0 + rg) * kRows + row;
     if (n < N) {
       float4 v = *reinterpret_cast<const float4*>(acc_s + (rg * M + m) * kAccStride + row);
       if (SPLIT) {
-        uint4 part[kMaxKSlices - 1];
+        uint4 part[kMaxKSlices];
 #pragma unroll
-        for (int r = 0; r < kMaxKSlices - 1; r++)
-          if (r < kslices - 1) part[r] = ld_relaxed_u32x4(wpart + size_t(r) * quads + i);
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int r = 0; r < kMaxKSlices; r++)
+          if (r < kslices && r != slice) part[r] = ld_relaxed_u32x4(wtile + size_t(r) * quads + i);
+        const float4 own = v;
+        v = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int r = 0; r < kMaxKSlices - 1; r++)
-          if (r < kslices - 1) {
+        for (int r = 0; r < kMaxKSlices; r++) {
+          if (r >= kslices) continue;
+          float4 add = own;
+          if (r != slice) {
             uint4& p = part[r];
-            while (p.x == 0u || p.y == 0u || p.z == 0u || p.w == 0u) p = ld_relaxed_u32x4(wpart + size_t(r) * quads + i);
-            __stcg(wpart + size_t(r) * quads + i, make_uint4(0u, 0u, 0u, 0u));
-            sum.x += __uint_as_float(~p.x); sum.y += __uint_as_float(~p.y);
-            sum.z += __uint_as_float(~p.z); sum.w += __uint_as_float(~p.w);
+            while (p.x == 0u || p.y == 0u || p.z == 0u || p.w == 0u) p = ld_relaxed_u32x4(wtile + size_t(r) * quads + i);
+            __stcg(wtile + size_t(r) * quads + i, make_uint4(0u, 0u, 0u, 0u));
+            add = make_float4(__uint_as_float(~p.x), __uint_as_float(~p.y), __uint_as_float(~p.z), __uint_as_float(~p.w));
           }
-        v = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
+          v.x += add.x; v.y += add.y; v.z += add.z; v.w += add.w;
+        }
       }
       const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -883,10 +898,10 @@ template <typename T, int K_BITS, int FMT, int NT, bool BULK, bool SPLIT, int W 
 __global__ void __launch_bounds__(W * 32, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
-    int steps, int kslices, int rg_per_cta, int items_per_warp, int n_stages, float shift_up, bool vec_x,
-    const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws) {
+    int steps, int kslices, int owners, int rg_per_cta, int items_per_warp, int n_stages, float shift_up,
+    bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws) {
   mma_body<T, K_BITS, FMT, NT, BULK, SPLIT, W>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
-                                               rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out, ldo,
+                                               owners, rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out, ldo,
                                                pdl, ws);
 }
 
@@ -924,16 +939,22 @@ inline int& forced_ksplit() {
 // `ctas` CTAs per slice, and its shared memory (0: the call is not handled: M out of range,
 // or x / the accumulator do not fit). rg is the fewest row groups that cover the rows in one
 // wave of CTAs (one per SM), fewer (more waves) if the accumulator does not fit then. Which S:
-// - M <= 16: the smallest S whose CTA stages <= kSplitXBytes of x, or whose weights are >= 4x
+// - M <= 16: the smallest S whose CTA stages <= kSplitXBytes of x, or whose weights are >= 3x
 //   its x. Staging x is bound by L2 -> SM bandwidth (every CTA reads its slice of x whole) and
-//   each split costs its last CTA the wait for the partial sums. Measured (H200, NOTES.md
+//   each split costs the wait for the partial sums. Measured (H200, NOTES.md
 //   v36, M = 1..16, k = 2..5, S = 1, 2, 4 forced on the model shapes): halving 64-160 KB of x
 //   per CTA gained 0.2-1.3 us per call, below 40 KB a split lost 0.1-0.7; the 8192 x 28672
-//   weight (917 KB of weights per CTA) gained nothing from a split at M = 8.
-// - M > 16: the S with the fewest bytes of staged x + accumulator per CTA times waves (a
-//   model; the cluster-split sweep of NOTES.md v8 tuned it).
+//   weight (458-1146 KB of weights per CTA) gained nothing from a split at M = 8, and at M =
+//   16, k = 2 (3.6x) S = 2 was 8 us faster than S = 4.
+// - M > 16: the S with the fewest bytes of staged x + accumulator + partial sums a slice
+//   reads, per CTA, times waves (a model: the cluster-split sweep of NOTES.md v8 tuned it
+//   without the last term).
+// The partial sums are added by the last slice alone (owners = 1) where S = 2 and M <= 16,
+// else by all S slices, each for 1 / S of the outputs (H200, v36: the last slice alone was
+// 0.1-0.5 us faster per call at S = 2, M <= 16, and up to 10 us slower at S = 8, M = 64).
 struct Plan {
   int S = 0, sps = 0, rg = 0, ctas = 0;
+  int owners = 1;  // slices of a set that add up partial sums (mma_body, step 4): 1 or S
   size_t smem = 0, ws_bytes = 0;  // ws_bytes: the workspace the split needs
 };
 constexpr size_t kSplitXBytes = 40 * 1024;
@@ -963,16 +984,18 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
     p.rg = rg;
     p.ctas = int(ceil_div(groups, rg));
     p.smem = smem;
-    p.ws_bytes = size_t(S - 1) * p.ctas * rg * M * kRows * sizeof(float);
+    p.ws_bytes = S > 1 ? size_t(S) * p.ctas * rg * M * kRows * sizeof(float) : 0;  // (1 of S tiles idle)
+    p.owners = S == 2 && M <= 16 ? 1 : S;
     if (forced > 0) return p;
     if (M <= 16) {
       const size_t w_bytes = size_t(rg) * kRows * sps * kStepK * K_BITS / 8;
-      if (x_bytes <= kSplitXBytes || w_bytes >= 4 * x_bytes) return p;
+      if (x_bytes <= kSplitXBytes || w_bytes >= 3 * x_bytes) return p;
       best = p;  // none qualifies: the largest S that fits
       continue;
     }
     const size_t waves = size_t(ceil_div(p.ctas, per_wave));
-    const size_t cost = waves * (x_bytes + size_t(rg) * M * kAccStride * sizeof(float));
+    const size_t partials = size_t(S - 1) * rg * M * kRows * sizeof(float) / S;  // a slice reads
+    const size_t cost = waves * (x_bytes + size_t(rg) * M * kAccStride * sizeof(float) + partials);
     if (best.smem == 0 || cost < best_cost) {
       best = p;
       best_cost = cost;
@@ -1031,7 +1054,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     return launch_kernel(cfg, 1, 0, pdl, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
-                         int(K), int(KT), steps, plan.S, rg, items_per_warp, n_stages, ldexpf(1.f, exponent), vec_x,
+                         int(K), int(KT), steps, plan.S, plan.owners, rg, items_per_warp, n_stages, ldexpf(1.f, exponent), vec_x,
                          static_cast<const T*>(bias), static_cast<T*>(out), ldo, pdl, wsp);
   };
   auto go = [&](auto bulk, auto split, auto warps) {
