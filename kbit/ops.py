@@ -564,8 +564,9 @@ def _workspace(lib, kernel: str, x: Tensor, dev: int, stream: int, need: int):
     memset node captured before its first use (so every replay starts with it zero; two
     graphs do not share one). A captured workspace is never freed: freed, its block could go
     to a later capture that shares the pool (torch.compile's CUDA-graph trees, `pool=`), whose
-    tensors the first graph's replays would then overwrite. That keeps up to ~9 MB per
-    captured graph that splits (4.4 MB on an H100 for wgmma's automatic configurations)."""
+    tensors the first graph's replays would then overwrite. That keeps, per captured graph that
+    splits, up to ~9 MB for wgmma (4.4 MB on an H100 for its automatic configurations) and S x N
+    x M x 4 bytes for mma (0.1-5 MB for the model's dense shapes, NOTES.md v36)."""
     if need == 0:
         return None
     if kernel == "wgmma" and _wgmma_shared_workspace is not None:
