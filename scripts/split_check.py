@@ -1,7 +1,7 @@
 """Experiment check (fp16, E4M4; works on AB_ONLY libraries): mma against the reference for
 every forced K-slice count the library takes, on the dense model shapes and odd ones, with
-NaN-poisoned outputs, each call twice (the second run checks that the split's counters were
-left ready). Prints one line per failure and a summary line.
+NaN-poisoned outputs, each call twice (the second call finds the workspace the first one
+left zeroed). Prints one line per failure and a summary line.
 Usage (device): KBIT_LIBRARY=lib.so python3 scripts/split_check.py"""
 import sys
 
