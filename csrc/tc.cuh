@@ -110,7 +110,7 @@ inline int clusters_at_once(Kernel kernel, unsigned threads, size_t smem, int si
   return n > 0 ? n : 0;
 }
 
-// Thread-block clusters (sm_90+; the split-K variant): a barrier over the cluster's CTAs whose
+// Thread-block clusters (sm_90+; wgmma.cu's split-K): a barrier over the cluster's CTAs whose
 // shared-memory writes before it are visible to all of them after it, and loads from the
 // shared memory of CTA `rank` at the address `addr` has in this CTA (4 or 16 bytes).
 __device__ __forceinline__ void cluster_sync() {
