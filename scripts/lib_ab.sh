@@ -10,7 +10,10 @@
 #        .carry/objs/mma_NAME.o -o .carry/NAME.so -cudart static
 # A name of the form NAME@MODE runs its library under KBIT_PDL=MODE. $PYROOT_NAME (a directory
 # holding a `kbit` package, e.g. an older revision's: git archive REV kbit | tar -x -C DIR) runs
-# library NAME's bench with that Python package instead of the working tree's.
+# library NAME's bench with that Python package instead of the working tree's; $ENV_NAME
+# (e.g. "KBIT_MMA_KSPLIT=2") sets environment variables for library NAME's bench only, so the
+# same .so may appear under several names (a forced-split sweep: g2s1=x.so g2s2=x.so with
+# ENV_g2s2=KBIT_MMA_KSPLIT=2 ...).
 # Usage (device, repo root): [ROUNDS=..] [BENCH_ARGS=..] [TESTS=..] bash scripts/lib_ab.sh name=lib.so ...
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)  # absolute: the script changes directory
@@ -34,8 +37,9 @@ for round in $(seq ${ROUNDS:-2}); do
     name=${spec%%=*}; lib=$repo/${spec#*=}; file=${name//@/_pdl}
     mode=${KBIT_PDL:-1}; [ "$name" != "${name%@*}" ] && mode=${name#*@}
     # shellcheck disable=SC2086
-    pv=PYROOT_${name%@*}; pyroot=${!pv:-$repo}
-    PYTHONPATH=$pyroot KBIT_PDL=$mode KBIT_LIBRARY=$lib timeout 200 python3 -m kbit.cli bench --suite linear ${BENCH_ARGS:---m 1,4,8,16 --k 4,5} \
+    pv=PYROOT_${name%@*}; pyroot=${!pv:-$repo}; ev=ENV_${name%@*}
+    # shellcheck disable=SC2086
+    env ${!ev:-} PYTHONPATH=$pyroot KBIT_PDL=$mode KBIT_LIBRARY=$lib timeout 200 python3 -m kbit.cli bench --suite linear ${BENCH_ARGS:---m 1,4,8,16 --k 4,5} \
       --json "$OUT/${file}_$round.json" > "$OUT/${file}_$round.txt" 2>&1
     summary+=("bench $name round $round: rc $? (at ${SECONDS} s)")
     jsons+=("$name=$OUT/${file}_$round.json")
