@@ -47,7 +47,8 @@ def _dequant_buffer(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Tenso
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-# id(qweight) -> (weakref to it, its launch arguments); and (m, K, N, k, device) -> mma_supports
+# id(qweight) -> (weakref to it, its launch arguments); and (kernel, m, K, N, k, device, dtype)
+# -> (whether the kernel takes the call, mma's workspace bytes); ops.force_mma_ksplit clears it
 _weight_args: dict = {}
 _supported: dict = {}
 
@@ -85,18 +86,20 @@ def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
     wargs = _launch_args(qweight, dev)
     if wargs is None:
         return None
-    key = (kernel, m, kdim, n, wargs[4], dev.index)
-    ok = _supported.get(key)
-    if ok is None:
+    key = (kernel, m, kdim, n, wargs[4], dev.index, x2.dtype)
+    hit = _supported.get(key)
+    if hit is None:
+        need = 0
         if kernel == "mma":
             ok = ops.mma_supports(m, kdim, n, wargs[4], dev)
+            if ok:  # its split-K workspace bytes (kbit/ops.py _workspace_need)
+                need = ops._workspace_need(lib, "mma", dev.index, x2.dtype, m, kdim, n, wargs[4], wargs[2])
         else:  # the GEMV takes any K (x from global memory when it does not fit shared memory)
             ok = 1 <= m <= ops.GEMV_MAX_M
-        _supported[key] = ok
+        hit = _supported[key] = (ok, need)
+    ok, need = hit
     if not ok:
         return None
-    # mma's split-K workspace: the op path's cache (kbit/ops.py _workspace)
-    need = ops._workspace_need(lib, "mma", dev.index, x2.dtype, m, kdim, n, wargs[4], wargs[2]) if kernel == "mma" else 0
     if bias is not None and (bias.dtype != x2.dtype or bias.shape != (n,) or bias.device != dev
                              or not bias.is_contiguous()):
         return None

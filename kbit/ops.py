@@ -476,11 +476,15 @@ def mma_ksplit(m: int, kdim: int, n: int, k: int, device) -> int:
 
 def force_mma_ksplit(S: int) -> None:
     """Tests and experiments: make every mma launch use S K-slices (1, 2, 4, 8; 0 = automatic
-    again); calls that S cannot take are refused. Clears mma_supports' cache."""
+    again); calls that S cannot take are refused. Clears the caches that follow the plan:
+    mma_supports', the workspace sizes and kbit.linear's fast path."""
+    from .linear import _supported as fast_path_cache  # here: kbit.linear imports this module
+
     if _lib.available():
         _lib._lib.kbit_mma_force_ksplit(int(S))
     _max_m.clear()
     _ws_need.clear()
+    fast_path_cache.clear()
 
 
 def force_gemv_rows(rows: int, warps: int = 0) -> None:
@@ -543,7 +547,10 @@ def use_wgmma_workspace(ws: Tensor | None) -> None:
 
 
 def _workspace_need(lib, kernel: str, dev: int, dtype, m: int, kdim: int, n: int, k: int, fmt: int) -> int:
-    """The workspace bytes of a wgmma / mma call (0: it would not split K), asked once per shape."""
+    """The workspace bytes of a wgmma / mma call (0: it would not split K; every wgmma call
+    under KBIT_STREAMK=0), asked once per shape."""
+    if kernel == "wgmma" and not _wgmma_streamk:
+        return 0
     key = (kernel, dev, dtype, m, kdim, n, k, fmt)
     need = _ws_need.get(key)
     if need is None:
@@ -621,8 +628,7 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
     extra = ()
     if cfn in ("kbit_wgmma", "kbit_mma"):
         kernel = cfn[5:]
-        need = 0 if kernel == "wgmma" and not _wgmma_streamk else _workspace_need(
-            lib, kernel, dev, x.dtype, x.shape[0], kdim, n, k, fmt)
+        need = _workspace_need(lib, kernel, dev, x.dtype, x.shape[0], kdim, n, k, fmt)
         ws = _workspace(lib, kernel, x, dev, stream, need)
         extra = (ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)
     rc = getattr(lib, cfn)(

@@ -5,6 +5,8 @@ eager, one per CUDA-graph capture), a workspace starts zeroed (wgmma: its flags;
 it), a captured workspace is never dropped (a graph's replays keep using it), and
 KBIT_STREAMK=0 / a need of 0 give no workspace at all."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -50,8 +52,7 @@ NEED = ops._FLAG_BYTES + 1000
 
 def _ws(lib, stream, m=256, kernel="wgmma"):
     """What _small_m_cuda_into does for a call on `stream`."""
-    need = 0 if kernel == "wgmma" and not ops._wgmma_streamk else ops._workspace_need(
-        lib, kernel, 0, X.dtype, m, 2048, 5120, 4, 0)
+    need = ops._workspace_need(lib, kernel, 0, X.dtype, m, 2048, 5120, 4, 0)
     return ops._workspace(lib, kernel, X, 0, stream, need)
 
 
@@ -133,3 +134,15 @@ def test_shared_workspace_override(cache):
     cache.use_wgmma_workspace(None)
     lib.capture = 0
     assert _ws(lib, 7) is not shared
+
+
+def test_forced_split_clears_plan_caches(cache, monkeypatch):
+    """A forced K split changes the workspace bytes and what mma takes: every cache of them
+    (mma_supports', the workspace sizes, kbit.linear's fast path) starts again."""
+    linear = importlib.import_module("kbit.linear")  # the module (kbit.linear is the function)
+    monkeypatch.setattr(linear, "_supported", {("mma", 8, 2048, 5120, 4, 0, torch.float16): (True, 64)})
+    monkeypatch.setattr(ops, "_max_m", {(0, 4, 5120, 2048): 64})
+    assert _ws(FakeLib(NEED), 7, kernel="mma") is not None
+    assert cache._ws_need
+    ops.force_mma_ksplit(0)
+    assert not linear._supported and not ops._max_m and not cache._ws_need
