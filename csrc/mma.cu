@@ -859,6 +859,7 @@ __device__ __forceinline__ void mma_body(
       const float4 v = *reinterpret_cast<const float4*>(acc_s + (rg * M + m) * kAccStride + row);
       __stcg(wtile + size_t(slice) * quads + i, make_uint4(word(v.x), word(v.y), word(v.z), word(v.w)));
     }
+    KBIT_MMA_MARK(8, 0u);
   }
   for (int i = first + int(threadIdx.x); i < last; i += kThreads) {
     const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
