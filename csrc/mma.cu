@@ -334,6 +334,20 @@ constexpr int kZeroBytes = 256;  // a zero x "row" of one step, read by the lane
 // x rows; (bulk) S stages, 128-byte aligned, last. The table starts at the first 64 KB boundary of the shared window; small and as many x rows
 // as fit go in front of it, the other x rows behind it (if small does not fit in front,
 // everything goes behind).
+// The setup's divisions by runtime values, as multiplications: n / d == __umulhi(n, m) with
+// m = 2^32 / d + 1 (d >= 2) whenever 0 <= n and n * d < 2^32 (n = qd + r: n m / 2^32 = q + r / d
+// + n e / (d 2^32) with e = m d - 2^32 in [1, d], which stays below q + 1 when n d < 2^32);
+// m = 0 stands for d = 1. The launcher computes them: as signed divisions they were ~60 of
+// the ~185 instructions every warp ran before its first load (ncu source counters, NOTES.md
+// v37).
+inline uint32_t magic_for(int64_t d) { return d <= 1 ? 0u : uint32_t((int64_t(1) << 32) / d + 1); }
+__device__ __forceinline__ int div_magic(int n, uint32_t m) { return m == 0u ? n : int(__umulhi(uint32_t(n), m)); }
+struct Divs {
+  uint32_t unit;   // 4 M: the units of staged x (a block of one token) per step
+  uint32_t steps;  // `steps`: the steps of a slice (every slice but a split's last)
+  uint32_t last;   // the steps of a split's last slice
+  int ks_shift;    // log2 of the K slices (1, 2, 4 or 8)
+};
 struct Layout {
   size_t table, small, x_front, x_back, stages, end;
   int rows_front;  // x rows in front of the table (rows >= this one live at x_back)
@@ -348,7 +362,7 @@ __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int rg, in
   if (small <= l.table) {
     l.small = 0;
     l.x_front = small;
-    l.rows_front = int(min(size_t(M), (l.table - small) / row));
+    l.rows_front = min(M, int(uint32_t(l.table - small) / uint32_t(row)));  // < 64 KB / row: 32 bits
     l.x_back = table_end;
   } else {
     l.small = table_end;
@@ -396,15 +410,16 @@ __device__ __forceinline__ void mma_body(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int owners, int rg_per_cta, int items_per_warp, int n_stages, float shift_up,
-    bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws) {
+    bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws,
+    Divs divs) {
   constexpr int kThreads = W * 32;
   constexpr int kWarps = W;
   KBIT_MMA_MARK(0, 0u);
   // Split-K (kslices > 1; the kslices CTAs of a row-group set are consecutive blocks): CTA
   // `slice` runs steps step0 .. step0 + lsteps - 1 (`steps` per slice; the last may have
   // fewer) and stages only that part of x; step 4 adds the partial results.
-  const int slice = SPLIT ? int(blockIdx.x) % kslices : 0;
-  const int cta = SPLIT ? int(blockIdx.x) / kslices : int(blockIdx.x);
+  const int slice = SPLIT ? int(blockIdx.x) & (kslices - 1) : 0;
+  const int cta = SPLIT ? int(blockIdx.x) >> divs.ks_shift : int(blockIdx.x);
   const int step0 = slice * steps;
   const int lsteps = SPLIT ? max(0, min(steps, (KT + 1) / 2 - step0)) : steps;
   extern __shared__ __align__(16) char smem[];
@@ -451,8 +466,9 @@ __device__ __forceinline__ void mma_body(
     int t, rest;
   };
   const int unit_step = M * 4;
-  const int dt = kThreads / unit_step, dr = kThreads - dt * unit_step;
-  const XUnit xu0{int(threadIdx.x) / unit_step, int(threadIdx.x) - int(threadIdx.x) / unit_step * unit_step};
+  const int dt = div_magic(kThreads, divs.unit), dr = kThreads - dt * unit_step;
+  const int t0 = div_magic(int(threadIdx.x), divs.unit);
+  const XUnit xu0{t0, int(threadIdx.x) - t0 * unit_step};
   auto next_unit = [&](XUnit& u) {
     u.t += dt;
     u.rest += dr;
@@ -525,9 +541,10 @@ __device__ __forceinline__ void mma_body(
     cur.row_hi = n + 8 < N;
     cur.block = uint32_t(((2 * (step0 + cur.step) + (c >> 1)) * N + n) * kTileBlocks + (c & 1));
   };
+  const uint32_t steps_magic = lsteps == steps ? divs.steps : divs.last;  // lsteps >= 1 (plan_of)
   auto cursor_at = [&](int item) {
     Cursor cur;
-    cur.rg = item / max(lsteps, 1);
+    cur.rg = div_magic(item, steps_magic);
     cur.step = item - cur.rg * lsteps;
     at_group(cur);
     return cur;
@@ -900,10 +917,11 @@ __global__ void __launch_bounds__(W * 32, 1) mma_kernel(
     const T* __restrict__ x, int64_t ldx, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, const float* __restrict__ codebook, int N, int K, int KT,
     int steps, int kslices, int owners, int rg_per_cta, int items_per_warp, int n_stages, float shift_up,
-    bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws) {
+    bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl, uint32_t* __restrict__ ws,
+    Divs divs) {
   mma_body<T, K_BITS, FMT, NT, BULK, SPLIT, W>(x, ldx, M, packed, absmax, codebook, N, K, KT, steps, kslices,
                                                owners, rg_per_cta, items_per_warp, n_stages, shift_up, vec_x, bias, out, ldo,
-                                               pdl, ws);
+                                               pdl, ws, divs);
 }
 
 #ifndef KBIT_MMA_MAX_STAGES
@@ -1047,6 +1065,11 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   uint32_t* const wsp = plan.S > 1 ? static_cast<uint32_t*>(ws.ptr) : nullptr;
+  // the kernel's divisions by 4 M and by a slice's steps (div_magic: exact for n * d < 2^32;
+  // n is a thread index or an item index below rg * steps + 32, d at most `steps`)
+  const int last_steps = int(ceil_div(KT, 2)) - (plan.S - 1) * steps;
+  if ((int64_t(rg) * steps + 32) * steps >= (int64_t(1) << 32) || last_steps < 1) return cudaErrorInvalidValue;
+  const Divs divs{magic_for(4 * M), magic_for(steps), magic_for(last_steps), __builtin_ctz(unsigned(plan.S))};
   auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int warps, int items_per_warp, int pdl) {
     if (attr_err != cudaSuccess) return attr_err;
     cudaLaunchConfig_t cfg = {};
@@ -1056,7 +1079,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     cfg.stream = s;
     return launch_kernel(cfg, 1, 0, pdl, kernel, static_cast<const T*>(x), ldx, M, packed, absmax, cb, int(N),
                          int(K), int(KT), steps, plan.S, plan.owners, rg, items_per_warp, n_stages, ldexpf(1.f, exponent), vec_x,
-                         static_cast<const T*>(bias), static_cast<T*>(out), ldo, pdl, wsp);
+                         static_cast<const T*>(bias), static_cast<T*>(out), ldo, pdl, wsp, divs);
   };
   auto go = [&](auto bulk, auto split, auto warps) {
     constexpr int W = decltype(warps)::value;
