@@ -541,7 +541,9 @@ __device__ __forceinline__ void mma_body(
     cur.row_hi = n + 8 < N;
     cur.block = uint32_t(((2 * (step0 + cur.step) + (c >> 1)) * N + n) * kTileBlocks + (c & 1));
   };
-  const uint32_t steps_magic = lsteps == steps ? divs.steps : divs.last;  // lsteps >= 1 (plan_of)
+  // (chosen by the slice: selecting on `lsteps == steps` picked the wrong one in the sm_90a
+  // build of nvcc 13.0, NOTES.md v37)
+  const uint32_t steps_magic = SPLIT && slice == kslices - 1 ? divs.last : divs.steps;
   auto cursor_at = [&](int item) {
     Cursor cur;
     cur.rg = div_magic(item, steps_magic);

@@ -164,8 +164,9 @@ def test_codebook_written_by_previous_kernel(name, m, k, rng, forced):
         getattr(ops, f"{name}_out")(x2, q2.packed, q2.absmax, cb, 2048, 2048, q2.absmax_exponent, None, y2)
         want = ref.linear(x2.cpu(), _ref_weight(q2, cb), None)
         assert _rel_err(y2.cpu(), want) <= TOL
-        # the test can fail: the previous codebook gives a far different product
-        assert _rel_err(ref.linear(x2.cpu(), _ref_weight(q2), None), want) > 0.5
+        # the test can fail: the previous codebook gives a far different product (> 50 TOL; a
+        # bound of 0.5 failed once at k = 2, 0.45, where 4 random entries can sit close)
+        assert _rel_err(ref.linear(x2.cpu(), _ref_weight(q2), None), want) > 50 * TOL
 
 
 def _ref_weight(q, codebook=None):
