@@ -329,11 +329,6 @@ __host__ __device__ constexpr int frag_index(int t, int s, int c) { return ((t *
 
 constexpr int kZeroBytes = 256;  // a zero x "row" of one step, read by the lanes of tokens >= M
 
-// Shared memory (byte offsets from the start of dynamic shared memory, whose shared address is
-// `base`): the table; "small" = [E4M4 scales][zero row][accumulator][2 S mbarriers]; the staged
-// x rows; (bulk) S stages, 128-byte aligned, last. The table starts at the first 64 KB boundary of the shared window; small and as many x rows
-// as fit go in front of it, the other x rows behind it (if small does not fit in front,
-// everything goes behind).
 // The setup's divisions by runtime values, as multiplications: n / d == __umulhi(n, m) with
 // m = 2^32 / d + 1 (d >= 2) whenever 0 <= n and n * d < 2^32 (n = qd + r: n m / 2^32 = q + r / d
 // + n e / (d 2^32) with e = m d - 2^32 in [1, d], which stays below q + 1 when n d < 2^32);
@@ -348,6 +343,12 @@ struct Divs {
   uint32_t last;   // the steps of a split's last slice
   int ks_shift;    // log2 of the K slices (1, 2, 4 or 8)
 };
+
+// Shared memory (byte offsets from the start of dynamic shared memory, whose shared address is
+// `base`): the table; "small" = [E4M4 scales][zero row][accumulator][2 S mbarriers]; the staged
+// x rows; (bulk) S stages, 128-byte aligned, last. The table starts at the first 64 KB boundary of the shared window; small and as many x rows
+// as fit go in front of it, the other x rows behind it (if small does not fit in front,
+// everything goes behind).
 struct Layout {
   size_t table, small, x_front, x_back, stages, end;
   int rows_front;  // x rows in front of the table (rows >= this one live at x_back)
@@ -541,8 +542,8 @@ __device__ __forceinline__ void mma_body(
     cur.row_hi = n + 8 < N;
     cur.block = uint32_t(((2 * (step0 + cur.step) + (c >> 1)) * N + n) * kTileBlocks + (c & 1));
   };
-  // (chosen by the slice: selecting on `lsteps == steps` picked the wrong one in the sm_90a
-  // build of nvcc 13.0, NOTES.md v37)
+  // (chosen by the slice index: a first version selected on `lsteps == steps`, and on the
+  // device both slices then took the other slice's divisor; not understood, NOTES.md v37)
   const uint32_t steps_magic = SPLIT && slice == kslices - 1 ? divs.last : divs.steps;
   auto cursor_at = [&](int item) {
     Cursor cur;
