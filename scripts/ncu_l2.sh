@@ -9,7 +9,7 @@ S="$PWD/scripts/profile_linear.py"
 tag=$(echo "$@" | tr ' ' _)
 m=gpu__time_duration.sum,dram__bytes_read.sum,lts__t_bytes.sum,l1tex__m_xbar2l1tex_read_bytes.sum
 m=$m,lts__t_sectors_srcunit_tex_op_read.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed
-m=$m,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__cycles_active.avg
+m=$m,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed
 m=$m,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active
 cd /tmp
 timeout 300 ncu --clock-control none -k regex:'mma_kernel|wgmma_kernel|gemv|gemm|sm90' \
