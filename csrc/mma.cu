@@ -342,10 +342,13 @@ struct Divs {
   uint32_t steps;  // `steps`: the steps of a slice (every slice but a split's last)
   uint32_t last;   // the steps of a split's last slice
   int ks_shift;    // log2 of the K slices (1, 2, 4 or 8)
+  uint32_t ipw;    // items per warp (the slot flush's epilogue)
+  int slots;       // 1: the flush stores into per-warp slots instead of adding atomically (mma_body)
 };
 
 // Shared memory (byte offsets from the start of dynamic shared memory, whose shared address is
-// `base`): the table; "small" = [E4M4 scales][zero row][accumulator][2 S mbarriers]; the staged
+// `base`): the table; "small" = [E4M4 scales][zero row][accumulator: `acc` tiles of M x
+// kAccStride floats][2 S mbarriers]; the staged
 // x rows; (bulk) S stages, 128-byte aligned, last. The table starts at the first 64 KB boundary of the shared window; small and as many x rows
 // as fit go in front of it, the other x rows behind it (if small does not fit in front,
 // everything goes behind).
@@ -354,8 +357,8 @@ struct Layout {
   int rows_front;  // x rows in front of the table (rows >= this one live at x_back)
 };
 template <typename T, int K_BITS>
-__host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int rg, int n_stages, int stage_bytes) {
-  const size_t small = kScalePairBytes + kZeroBytes + size_t(rg) * M * kAccStride * sizeof(float) + 16 * size_t(n_stages);
+__host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int acc, int n_stages, int stage_bytes) {
+  const size_t small = kScalePairBytes + kZeroBytes + size_t(acc) * M * kAccStride * sizeof(float) + 16 * size_t(n_stages);
   const size_t row = size_t(steps * kStepK + kXPad) * sizeof(T);
   Layout l;
   l.table = ((base + kTableAlign - 1) & ~(kTableAlign - 1)) - base;
@@ -378,8 +381,8 @@ __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int rg, in
 // Bytes to ask for, given that dynamic shared memory starts `reserved` bytes into the window
 // (the kernel derives the layout from where it actually starts and checks it against this).
 template <typename T, int K_BITS>
-size_t smem_bytes(int M, int steps, int rg, int reserved, int n_stages, int stage_bytes) {
-  return layout_of<T, K_BITS>(uint32_t(reserved), M, steps, rg, n_stages, stage_bytes).end;
+size_t smem_bytes(int M, int steps, int acc, int reserved, int n_stages, int stage_bytes) {
+  return layout_of<T, K_BITS>(uint32_t(reserved), M, steps, acc, n_stages, stage_bytes).end;
 }
 // Bulk variant: bytes of one stage (2 k-tiles of the CTA's rg * 16 rows: words, then scales).
 template <int K_BITS>
@@ -426,7 +429,9 @@ __device__ __forceinline__ void mma_body(
   extern __shared__ __align__(16) char smem[];
   const uint32_t smem_sh = uint32_t(__cvta_generic_to_shared(smem));
   const uint32_t stage_bytes = stage_bytes_of<K_BITS>(rg_per_cta, kScaleBytes<FMT>);
-  const Layout lay = layout_of<T, K_BITS>(smem_sh, M, steps, rg_per_cta, n_stages, stage_bytes);
+  // the flush's per-warp slots (2 per warp) or the atomics' accumulator (1 per row group)
+  const bool slot_mode = !BULK && divs.slots != 0;
+  const Layout lay = layout_of<T, K_BITS>(smem_sh, M, steps, slot_mode ? 2 * kWarps : rg_per_cta, n_stages, stage_bytes);
   {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -725,7 +730,8 @@ __device__ __forceinline__ void mma_body(
     }
   }
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
-  for (int i = threadIdx.x; i < rg_per_cta * M * kAccStride; i += kThreads) acc_s[i] = 0.f;
+  if (!slot_mode)
+    for (int i = threadIdx.x; i < rg_per_cta * M * kAccStride; i += kThreads) acc_s[i] = 0.f;
   if (!spec) {
     __syncthreads();
   } else if (__syncthreads_or(__float_as_uint(cb_lane) != __float_as_uint(cb_spec))) {
@@ -754,7 +760,21 @@ __device__ __forceinline__ void mma_body(
     tok_ok[tt] = tt * 8 + g < M;
     xb0[tt] = (tok_ok[tt] ? x_at(tt * 8 + g) : zero_row) + frag_index(0, 0, c);
   }
+  // A warp's sums of a row group leave its registers when it moves on to the next row group
+  // or runs out of items (flush). Two ways:
+  // - atomics: added into the CTA's accumulator (a tile per row group, zeroed in the prologue)
+  //   with shared-memory atomicAdd, which sm_90 runs as a compare-and-swap loop (LDS, FADD,
+  //   ATOMS.CAST.SPIN, branch): the warp waits for it mid-loop and before the barrier (a
+  //   probe with plain stores instead: up to 1.4-3 us of dense TOTAL at M = 1..16, NOTES.md
+  //   v37);
+  // - slots (slot_mode: register ring, NT <= 2, at most 2 row groups per warp): plain stores
+  //   into the warp's own tile (warp, 0) for its first row group, (warp, 1) for its second;
+  //   the epilogue adds the tiles of the warps that cover a row group, in warp order (so the
+  //   sums are deterministic). No zeroing, no read-modify-write, nothing to wait for.
+  const int rg_first = div_magic(item0, steps_magic);
   auto flush = [&](int rg) {
+    float* const dst = slot_mode ? acc_s + size_t(2 * warp + (rg - rg_first)) * M * kAccStride
+                                 : acc_s + size_t(rg) * M * kAccStride;
 #pragma unroll
     for (int tt = 0; tt < NT; tt++)
 #pragma unroll
@@ -766,7 +786,12 @@ __device__ __forceinline__ void mma_body(
           v += acc[tt][j][i];
           acc[tt][j][i] = 0.f;
         }
-        if (token < M) atomicAdd(acc_s + (size_t(rg) * M + token) * kAccStride + row, v);
+        if (token < M) {
+          if (slot_mode)
+            dst[token * kAccStride + row] = v;
+          else
+            atomicAdd(dst + token * kAccStride + row, v);
+        }
       }
   };
   if constexpr (BULK) {
@@ -844,6 +869,26 @@ __device__ __forceinline__ void mma_body(
   }
   KBIT_MMA_MARK(4, 0u);
   __syncthreads();
+  // The CTA's sums of row group rg, token m, rows row .. row + 3: the accumulator's, or (slot
+  // mode) the sum of the slots of warps w_lo .. w_hi, whose items cover the row group's
+  // (w_lo's may start in the row group before: then its tile is (w_lo, 1); every later warp
+  // starts inside this row group: tile (w, 0)).
+  auto partial = [&](int rg, int m, int row) {
+    if (!slot_mode) return *reinterpret_cast<const float4*>(acc_s + (rg * M + m) * kAccStride + row);
+    const int i0 = rg * lsteps;
+    const int w_lo = div_magic(i0, divs.ipw), w_hi = div_magic(i0 + lsteps - 1, divs.ipw);
+    const float* p = acc_s + (m * kAccStride + row);
+    float4 v = *reinterpret_cast<const float4*>(p + (2 * w_lo + (w_lo * items_per_warp < i0)) * M * kAccStride);
+#pragma unroll 4
+    for (int w = w_lo + 1; w <= w_hi; w++) {
+      const float4 a = *reinterpret_cast<const float4*>(p + 2 * w * M * kAccStride);
+      v.x += a.x;
+      v.y += a.y;
+      v.z += a.z;
+      v.w += a.w;
+    }
+    return v;
+  };
 
   // 4. Write C, in quads of 4 rows (16-byte shared loads). Split-K: the workspace holds
   // kslices partial tiles per row-group set (rg_per_cta * M * 16 floats each; slice r's in
@@ -876,7 +921,7 @@ __device__ __forceinline__ void mma_body(
       const int i = j < first ? j : j + (last - first);  // a quad another slice owns
       const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
       if ((group0 + rg) * kRows + row >= N) continue;  // its owner skips it too
-      const float4 v = *reinterpret_cast<const float4*>(acc_s + (rg * M + m) * kAccStride + row);
+      const float4 v = partial(rg, m, row);
       __stcg(wtile + size_t(slice) * quads + i, make_uint4(word(v.x), word(v.y), word(v.z), word(v.w)));
     }
     KBIT_MMA_MARK(8, 0u);
@@ -885,7 +930,7 @@ __device__ __forceinline__ void mma_body(
     const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
     const int n = (group0 + rg) * kRows + row;
     if (n < N) {
-      float4 v = *reinterpret_cast<const float4*>(acc_s + (rg * M + m) * kAccStride + row);
+      float4 v = partial(rg, m, row);
       if (SPLIT) {
         uint4 part[kMaxKSlices];
 #pragma unroll
@@ -1068,12 +1113,13 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   }
   const bool vec_x = ldx % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   uint32_t* const wsp = plan.S > 1 ? static_cast<uint32_t*>(ws.ptr) : nullptr;
-  // the kernel's divisions by 4 M and by a slice's steps (div_magic: exact for n * d < 2^32;
-  // n is a thread index or an item index below rg * steps + 32, d at most `steps`)
+  // the kernel's divisions by 4 M, by a slice's steps and (slot flush) by the items per warp
+  // (div_magic: exact for n * d < 2^32; n is a thread index or an item index below rg * steps
+  // + 32, d at most `steps`: the slot flush needs items per warp <= the last slice's steps)
   const int last_steps = int(ceil_div(KT, 2)) - (plan.S - 1) * steps;
   if ((int64_t(rg) * steps + 32) * steps >= (int64_t(1) << 32) || last_steps < 1) return cudaErrorInvalidValue;
-  const Divs divs{magic_for(4 * M), magic_for(steps), magic_for(last_steps), __builtin_ctz(unsigned(plan.S))};
-  auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int warps, int items_per_warp, int pdl) {
+  const Divs divs0{magic_for(4 * M), magic_for(steps), magic_for(last_steps), __builtin_ctz(unsigned(plan.S)), 0u, 0};
+  auto run = [&](auto kernel, cudaError_t attr_err, size_t smem, int warps, int items_per_warp, int pdl, const Divs& divs) {
     if (attr_err != cudaSuccess) return attr_err;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(plan.ctas * plan.S));
@@ -1089,7 +1135,19 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value, W>;
     const int pdl = pdl_for<kernel>(device);
     const int items_per_warp = int(ceil_div(int64_t(rg) * steps, W));
-    return run(kernel, smem_optin<kernel>(device, dev), bulk ? bulk_bytes : plan.smem, W, bulk ? 0 : items_per_warp, pdl);
+    // the flush's slots (mma_body) where a warp's items touch at most 2 row groups in every
+    // slice and the 2 W slot tiles fit; else the atomics (and their accumulator of rg tiles)
+    Divs divs = divs0;
+    size_t smem = bulk ? bulk_bytes : plan.smem;
+    if (!decltype(bulk)::value && NT <= 2 && items_per_warp <= last_steps) {
+      const size_t slot_smem = smem_bytes<T, K_BITS>(M, steps, 2 * W, dev.smem_reserved, 0, 0);
+      if (slot_smem <= size_t(dev.smem_optin)) {
+        divs.ipw = magic_for(items_per_warp);
+        divs.slots = 1;
+        smem = slot_smem;
+      }
+    }
+    return run(kernel, smem_optin<kernel>(device, dev), smem, W, bulk ? 0 : items_per_warp, pdl, divs);
   };
   using Yes = std::true_type;
   using No = std::false_type;
