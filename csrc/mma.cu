@@ -32,8 +32,9 @@
 // = the fewest row groups per CTA that cover the rows in one wave). Two ways to feed it (see
 // mma_kernel): a register ring per warp (the warps share the CTA's RG * steps items, "item" =
 // one warp step, in contiguous runs), or for RG >= 6 a ring of shared-memory stages filled by
-// bulk asynchronous copies. Warps add their fp32 results into a shared accumulator when their
-// row group changes and at the end; the CTA then writes C. Where staged x would be large, K
+// bulk asynchronous copies. Warps hand their fp32 results to shared memory when their row
+// group changes and at the end (each into its own tile where they fit, else added into one
+// accumulator with atomics: mma_body's flush); the CTA then writes C. Where staged x would be large, K
 // is split over S = 2, 4 or 8 CTAs that add their partial sums through a global workspace
 // (plan_of, mma_body's step 4). NOTES.md has the measured timeline of a call
 // (scripts/mma_timeline.cu).
@@ -767,7 +768,7 @@ __device__ __forceinline__ void mma_body(
   //   ATOMS.CAST.SPIN, branch): the warp waits for it mid-loop and before the barrier (a
   //   probe with plain stores instead: up to 1.4-3 us of dense TOTAL at M = 1..16, NOTES.md
   //   v37);
-  // - slots (slot_mode: register ring, NT <= 2, at most 2 row groups per warp): plain stores
+  // - slots (slot_mode: register ring, at most 2 row groups per warp, the tiles fit): plain stores
   //   into the warp's own tile (warp, 0) for its first row group, (warp, 1) for its second;
   //   the epilogue adds the tiles of the warps that cover a row group, in warp order (so the
   //   sums are deterministic). No zeroing, no read-modify-write, nothing to wait for.
@@ -1002,6 +1003,16 @@ inline int& forced_ksplit() {
   return v;
 }
 
+// Forced CTA width of the unsplit register-ring calls at M <= 8 (experiments): 0 = the rule in
+// launch, 1 = kFewWarps always, 2 = never. From the environment variable KBIT_MMA_FEW_WARPS.
+inline int forced_few_warps() {
+  static const int v = [] {
+    const char* e = getenv("KBIT_MMA_FEW_WARPS");
+    return e ? atoi(e) : 0;
+  }();
+  return v;
+}
+
 // How a call runs: S K-slices (1 = no split), `sps` steps per slice, rg row groups per CTA,
 // `ctas` CTAs per slice, and its shared memory (0: the call is not handled: M out of range,
 // or x / the accumulator do not fit). rg is the fewest row groups that cover the rows in one
@@ -1136,10 +1147,11 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     const int pdl = pdl_for<kernel>(device);
     const int items_per_warp = int(ceil_div(int64_t(rg) * steps, W));
     // the flush's slots (mma_body) where a warp's items touch at most 2 row groups in every
-    // slice and the 2 W slot tiles fit; else the atomics (and their accumulator of rg tiles)
+    // slice and the 2 W slot tiles fit (M = 48: 123 KB); else the atomics (and their
+    // accumulator of rg tiles)
     Divs divs = divs0;
     size_t smem = bulk ? bulk_bytes : plan.smem;
-    if (!decltype(bulk)::value && NT <= 2 && items_per_warp <= last_steps) {
+    if (!decltype(bulk)::value && items_per_warp <= last_steps) {
       const size_t slot_smem = smem_bytes<T, K_BITS>(M, steps, 2 * W, dev.smem_reserved, 0, 0);
       if (slot_smem <= size_t(dev.smem_optin)) {
         divs.ipw = magic_for(items_per_warp);
@@ -1155,10 +1167,15 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   if (n_stages > 0) return plan.S > 1 ? go(Yes{}, Yes{}, Warps{}) : go(Yes{}, No{}, Warps{});
   if (plan.S > 1) return go(No{}, Yes{}, Warps{});
   if constexpr (NT == 1) {
-    // kFewWarps where it measured faster per shape on the H100 (NOTES.md v33, M = 1..8)
+    // kFewWarps where it measured faster per shape (H200 with the slot flush, NOTES.md v38,
+    // M = 1..8, 8 against 16 warps on every model shape): k = 2 with 9..16 items (Q, O: 0.1
+    // us), k = 5 with 9..40 (O, down: 0.1-0.4 us; Q, gateup within 0.1 either way); never at k
+    // = 3, 4 (16 warps: KV k = 3 0.4 us faster, the rest equal) nor with <= 8 items (KV).
+    // (NOTES.md v33 had chosen it for <= 16 items at every k, with the flush's atomics.)
     const int64_t items = int64_t(rg) * steps;
-    if (items <= 16 || (K_BITS == 2 && items <= 32) || (K_BITS == 5 && items <= 40))
-      return go(No{}, No{}, std::integral_constant<int, kFewWarps>{});
+    const int fw = forced_few_warps();
+    const bool few = items > 8 && ((K_BITS == 2 && items <= 16) || (K_BITS == 5 && items <= 40));
+    if (fw == 1 || (fw == 0 && few)) return go(No{}, No{}, std::integral_constant<int, kFewWarps>{});
   }
   return go(No{}, No{}, Warps{});
 }
