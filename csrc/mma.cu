@@ -65,10 +65,9 @@ namespace {
 template <int NT> constexpr int kWarpsPerCta = NT == 1 ? KBIT_MMA_WARPS : NT == 8 ? KBIT_MMA_WARPS_NT8 : 16;
 template <int NT> constexpr int kThreadsPerCta = kWarpsPerCta<NT> * 32;
 // NT = 1 register-ring CTAs with few items also come with 8 warps (a template variant; the rule
-// is in launch()). Measured on the H100 (NOTES.md v33, M = 1..8): faster where a CTA has <= 16
-// items (KV), at k = 5 with <= 40 items (Q, O, down) and at k = 2 with <= 32 (Q, O; with 4 ring
-// items per warp); slower for gateup (48 items), for Q and O at k = 3, 4, and 24 warps slower
-// everywhere.
+// is in launch(): k = 2 with 9..16 items, k = 5 with 9..40, from a same-run sweep with the slot
+// flush, NOTES.md v38; v33 had measured it with the atomic flush, and 24 warps slower
+// everywhere).
 constexpr int kFewWarps = 8;
 constexpr int kFewWarpsDepth2 = 4;  // ring items per warp of the 8-warp variant at k = 2
 #ifndef KBIT_MMA_DEPTH
