@@ -678,7 +678,7 @@ __device__ __forceinline__ void mma_body(
   }
   const float cb_lane = spec ? __ldcg(codebook + (lane & cmask)) : codebook[lane & cmask];
   // A thread's second unit of x is also asked for here, and every later one before the
-  // previous is staged, so that no unit's L2 round trip follows the table build (M = 16: 2-3
+  // previous is staged, so that no unit's L2 round trip waits for another's staging (M = 16: 2-3
   // units per thread, M = 8 with K >= 4096: 2-3; NOTES.md v35: asking for each unit after
   // the previous one was staged made M = 8 calls 0.5-1 us slower in total).
   uint32_t x0[16], x1[16];
@@ -711,8 +711,10 @@ __device__ __forceinline__ void mma_body(
   }
   KBIT_MMA_MARK(1, 0u);
 
-  // 2. Tables, staged x, zeroed accumulator.
-  if (!spec) build_table(cb_lane);
+  // 2. Staged x, tables, zeroed accumulator. x first: its units were asked for before the
+  // codebook's entry returns, so the table build (which waits on that entry) comes after the
+  // staging instead of delaying it (H100 A/B, NOTES.md v38: dense TOTAL -0.3..-0.9 us at M =
+  // 1..16, k = 2..4; k = 5 at NT = 1 builds its table before the PDL wait).
   if (FMT == KBIT_ABSMAX_E4M4) fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(scales), threadIdx.x, kThreads);
   {
     // two buffers in turn: stage unit a (x0), ask for the unit after b into x0, stage b (x1), ...
@@ -729,6 +731,7 @@ __device__ __forceinline__ void mma_body(
       if (xb.t < lsteps) fetch_x(xb, x1);
     }
   }
+  if (!spec) build_table(cb_lane);
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
   if (!slot_mode)
     for (int i = threadIdx.x; i < rg_per_cta * M * kAccStride; i += kThreads) acc_s[i] = 0.f;
