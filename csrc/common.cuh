@@ -282,11 +282,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 // loop); 2 also asks for each warp's first weights in L2 before the wait. H100,
 // M = 1, k = 4, dense TOTAL vs fp16 (NOTES.md v16): back-to-back kbit calls 1.53x (0) / 1.82x
 // (1) / 1.88x (2); each call after a kernel launched without PDL 1.54x / 1.51x / 1.42x.
+// An integer from the environment (experiment and mode switches), `fallback` when unset or empty.
+inline int env_int(const char* name, int fallback) {
+  const char* e = getenv(name);
+  return e != nullptr && *e != '\0' ? atoi(e) : fallback;
+}
 inline int pdl_mode() {
-  static const int mode = [] {
-    const char* e = getenv("KBIT_PDL");
-    return e != nullptr && *e != '\0' ? atoi(e) : 1;
-  }();
+  static const int mode = env_int("KBIT_PDL", 1);
   return mode;
 }
 

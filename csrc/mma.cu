@@ -998,20 +998,14 @@ constexpr int kMaxM = 64;  // token tiles of 8: NT = 1, 2, 4, 8
 // Forced K-slice count (tests, experiments): 0 = automatic. Set by kbit_mma_force_ksplit;
 // starts from the environment variable KBIT_MMA_KSPLIT.
 inline int& forced_ksplit() {
-  static int v = [] {
-    const char* e = getenv("KBIT_MMA_KSPLIT");
-    return e ? atoi(e) : 0;
-  }();
+  static int v = env_int("KBIT_MMA_KSPLIT", 0);
   return v;
 }
 
 // Forced CTA width of the unsplit register-ring calls at M <= 8 (experiments): 0 = the rule in
 // launch, 1 = kFewWarps always, 2 = never. From the environment variable KBIT_MMA_FEW_WARPS.
 inline int forced_few_warps() {
-  static const int v = [] {
-    const char* e = getenv("KBIT_MMA_FEW_WARPS");
-    return e ? atoi(e) : 0;
-  }();
+  static const int v = env_int("KBIT_MMA_FEW_WARPS", 0);
   return v;
 }
 
