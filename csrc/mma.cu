@@ -109,6 +109,16 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 // us faster per k = 5 call at M = 1..4 and even after a non-PDL kernel, while k = 2, 4 calls
 // were 0.1-0.3 us slower after a non-PDL kernel, where the build is no longer hidden, and M =
 // 16 calls up to 1 us slower); 2: every k and NT; 0: never.
+// Timing probe (wrong results, experiments only): KBIT_MMA_PROBE_NOTR = 1 skips the in-register
+// transposes of the bit-plane words in item_mma (what a layout stored pre-transposed would save).
+#ifndef KBIT_MMA_PROBE_NOTR
+#define KBIT_MMA_PROBE_NOTR 0
+#endif
+// Timing probe (wrong results): KBIT_MMA_PROBE_K5CF = 1 makes k = 5's table lookups free of
+// bank conflicts (each lane its own column, the pair's high bits dropped from the address).
+#ifndef KBIT_MMA_PROBE_K5CF
+#define KBIT_MMA_PROBE_K5CF 0
+#endif
 #ifndef KBIT_MMA_SPEC_TABLE
 #define KBIT_MMA_SPEC_TABLE 1
 #endif
@@ -238,7 +248,7 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       n[h][0] = it.w[h][0]; n[h][1] = it.w[h][1]; n[h][2] = it.w[h][2]; n[h][3] = it.w[h][3];
-      nibble_transpose(n[h][0], n[h][1], n[h][2], n[h][3]);
+      if (!KBIT_MMA_PROBE_NOTR) nibble_transpose(n[h][0], n[h][1], n[h][2], n[h][3]);
 #pragma unroll
       for (int r = 0; r < 4; r++) {
         const uint32_t q = (it.w[h][4] >> r) & 0x11111111u;
@@ -250,14 +260,14 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
       uint32_t a[4];
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2<T>(lds32(entry_addr5<0>(n[h][r], hi[h][r], lane_base)), s2[h]);
-        a[h + 2] = mul2<T>(lds32(entry_addr5<1>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h] = mul2<T>(lds32(KBIT_MMA_PROBE_K5CF ? (entry_addr5<0>(n[h][r], hi[h][r], 0u) & 0xff00u) | lane_base : entry_addr5<0>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(KBIT_MMA_PROBE_K5CF ? (entry_addr5<1>(n[h][r], hi[h][r], 0u) & 0xff00u) | lane_base : entry_addr5<1>(n[h][r], hi[h][r], lane_base)), s2[h]);
       }
       run(2 * r, a);
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2<T>(lds32(entry_addr5<2>(n[h][r], hi[h][r], lane_base)), s2[h]);
-        a[h + 2] = mul2<T>(lds32(entry_addr5<3>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h] = mul2<T>(lds32(KBIT_MMA_PROBE_K5CF ? (entry_addr5<2>(n[h][r], hi[h][r], 0u) & 0xff00u) | lane_base : entry_addr5<2>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h + 2] = mul2<T>(lds32(KBIT_MMA_PROBE_K5CF ? (entry_addr5<3>(n[h][r], hi[h][r], 0u) & 0xff00u) | lane_base : entry_addr5<3>(n[h][r], hi[h][r], lane_base)), s2[h]);
       }
       run(2 * r + 1, a);
     }
@@ -266,7 +276,7 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       n[h][0] = it.w[h][0]; n[h][1] = it.w[h][1];
-      delta_swap(n[h][0], n[h][1], 1, 0x55555555u);
+      if (!KBIT_MMA_PROBE_NOTR) delta_swap(n[h][0], n[h][1], 1, 0x55555555u);
     }
     // byte j of word r: the 2-bit indices of values 8j + r + {0, 2, 4, 6}, one 8-byte entry;
     // MMA s = 4r + j
@@ -298,7 +308,7 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
     for (int h = 0; h < 2; h++) {
       n[h][0] = it.w[h][0]; n[h][1] = it.w[h][1]; n[h][2] = it.w[h][2];
       n[h][3] = K_BITS == 4 ? it.w[h][3] : 0u;
-      nibble_transpose(n[h][0], n[h][1], n[h][2], n[h][3]);
+      if (!KBIT_MMA_PROBE_NOTR) nibble_transpose(n[h][0], n[h][1], n[h][2], n[h][3]);
     }
     // byte i of word r: the indices of values 8i + r (low nibble) and 8i + 4 + r; MMA
     // s = 2r + i / 2 takes bytes i (even: slots 0-1) and i + 1 (slots 2-3)
@@ -753,7 +763,7 @@ __device__ __forceinline__ void mma_body(
 
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
   // after i is decoded. Two accumulators per token tile halve the chain of dependent MMAs.
-  const uint32_t lane_base = table_sh | (K_BITS == 5 ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
+  const uint32_t lane_base = table_sh | (K_BITS == 5 && !KBIT_MMA_PROBE_K5CF ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
   float acc[NT][kAccSets<NT>][4] = {};
   // this lane's staged x (token tt * 8 + g) at step 0, or the zero row
   const T* xb0[NT];
