@@ -119,6 +119,13 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 #ifndef KBIT_MMA_PROBE_K5CF
 #define KBIT_MMA_PROBE_K5CF 0
 #endif
+// k = 5 at NT = 1 (M <= 8, register ring): the 128 KB "wide" codebook table, a column per lane
+// (no bank conflicts; entry_addr5w, as wgmma.cu's), at the start of the shared window; 0 keeps
+// the 64 KB table whose columns lanes L and L + 16 share (2-way conflicts). H100 probe with the
+// conflicts removed (NOTES.md v40): dense TOTAL k = 5 -1.2 us at M = 1, -0.7 at M = 4.
+#ifndef KBIT_MMA_WIDE5
+#define KBIT_MMA_WIDE5 1
+#endif
 #ifndef KBIT_MMA_SPEC_TABLE
 #define KBIT_MMA_SPEC_TABLE 1
 #endif
@@ -180,6 +187,15 @@ __host__ __device__ constexpr int table_bytes() {
   return K_BITS == 2 ? 256 * 256 : K_BITS == 3 ? 128 * 256 : 256 * 256;
 }
 constexpr uint32_t kTableAlign = 64 * 1024;
+// The wide k = 5 table (KBIT_MMA_WIDE5): entry (lo, hi0, hi1) of lane L at shared address
+// window | hi1 << 16 | lo << 8 | hi0 << 7 | L << 2, + kWideAt (the LDS's immediate offset: the
+// table starts at the window's 1 KB, where dynamic shared memory starts on sm_90), 128 KB.
+constexpr uint32_t kWideAt = 1024, kWideBytes = 128 * 1024;
+template <int K_BITS, int NT, bool BULK>
+constexpr bool kWide5 = KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && NT == 1 && !BULK;
+// The same for the host, from M (NT = 1: M <= 8) and whether the call runs the bulk variant.
+template <int K_BITS>
+constexpr bool wide5_at(int M, bool bulk) { return KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && M <= 8 && !bulk; }
 
 // The words + stored absmax of the two blocks (rows g and g + 8) of one item.
 template <int K_BITS>
@@ -231,7 +247,16 @@ __device__ __forceinline__ void read_block(uint32_t (&w)[K_BITS], uint32_t& scal
 // NT = 4 on the tiles are independent chains enough (and registers are short).
 template <int NT> constexpr int kAccSets = NT >= 4 ? 1 : 2;
 
-template <typename T, int K_BITS, int NT>
+// k = 5: the table entry for byte I of n (low nibbles) and of hi (high bits: wide, as
+// entry_addr5w wants them; else at bits 6, 7 as entry_addr5 does).
+template <int I, bool W5>
+__device__ __forceinline__ uint32_t lookup5(uint32_t n, uint32_t hi, uint32_t lane_base) {
+  if constexpr (W5) return lds32_at<kWideAt>(entry_addr5w<I>(n, hi, lane_base));
+  else if constexpr (KBIT_MMA_PROBE_K5CF) return lds32((entry_addr5<I>(n, hi, 0u) & 0xff00u) | lane_base);
+  else return lds32(entry_addr5<I>(n, hi, lane_base));
+}
+
+template <typename T, int K_BITS, int NT, bool W5 = false>
 __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2], uint32_t lane_base,
                                          const T* const (&xb)[NT], float (&acc)[NT][kAccSets<NT>][4]) {
   auto run = [&](int s, const uint32_t (&a)[4]) {
@@ -251,8 +276,14 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
       if (!KBIT_MMA_PROBE_NOTR) nibble_transpose(n[h][0], n[h][1], n[h][2], n[h][3]);
 #pragma unroll
       for (int r = 0; r < 4; r++) {
-        const uint32_t q = (it.w[h][4] >> r) & 0x11111111u;
-        hi[h][r] = ((q | (q >> 3)) & 0x03030303u) << 6;
+        if constexpr (W5) {
+          // bit 7 of byte i: value 8i + r's fifth bit; bit 0 of byte i + 1 (mod 4): value 8i + 4 + r's
+          const uint32_t w4 = it.w[h][4];
+          hi[h][r] = (__funnelshift_l(w4, w4, 7 - r) & 0x80808080u) | (__funnelshift_l(w4, w4, 4 - r) & 0x01010101u);
+        } else {
+          const uint32_t q = (it.w[h][4] >> r) & 0x11111111u;
+          hi[h][r] = ((q | (q >> 3)) & 0x03030303u) << 6;
+        }
       }
     }
 #pragma unroll
@@ -260,14 +291,14 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
       uint32_t a[4];
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2<T>(lds32(KBIT_MMA_PROBE_K5CF ? (entry_addr5<0>(n[h][r], hi[h][r], 0u) & 0xff00u) | lane_base : entry_addr5<0>(n[h][r], hi[h][r], lane_base)), s2[h]);
-        a[h + 2] = mul2<T>(lds32(KBIT_MMA_PROBE_K5CF ? (entry_addr5<1>(n[h][r], hi[h][r], 0u) & 0xff00u) | lane_base : entry_addr5<1>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h] = mul2<T>(lookup5<0, W5>(n[h][r], hi[h][r], lane_base), s2[h]);
+        a[h + 2] = mul2<T>(lookup5<1, W5>(n[h][r], hi[h][r], lane_base), s2[h]);
       }
       run(2 * r, a);
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        a[h] = mul2<T>(lds32(KBIT_MMA_PROBE_K5CF ? (entry_addr5<2>(n[h][r], hi[h][r], 0u) & 0xff00u) | lane_base : entry_addr5<2>(n[h][r], hi[h][r], lane_base)), s2[h]);
-        a[h + 2] = mul2<T>(lds32(KBIT_MMA_PROBE_K5CF ? (entry_addr5<3>(n[h][r], hi[h][r], 0u) & 0xff00u) | lane_base : entry_addr5<3>(n[h][r], hi[h][r], lane_base)), s2[h]);
+        a[h] = mul2<T>(lookup5<2, W5>(n[h][r], hi[h][r], lane_base), s2[h]);
+        a[h + 2] = mul2<T>(lookup5<3, W5>(n[h][r], hi[h][r], lane_base), s2[h]);
       }
       run(2 * r + 1, a);
     }
@@ -367,13 +398,16 @@ struct Layout {
   int rows_front;  // x rows in front of the table (rows >= this one live at x_back)
 };
 template <typename T, int K_BITS>
-__host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int acc, int n_stages, int stage_bytes) {
+__host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int acc, int n_stages, int stage_bytes,
+                                     bool wide = false) {
   const size_t small = kScalePairBytes + kZeroBytes + size_t(acc) * M * kAccStride * sizeof(float) + 16 * size_t(n_stages);
   const size_t row = size_t(steps * kStepK + kXPad) * sizeof(T);
   Layout l;
-  l.table = ((base + kTableAlign - 1) & ~(kTableAlign - 1)) - base;
-  const size_t table_end = l.table + table_bytes<K_BITS>();
-  if (small <= l.table) {
+  // wide: at the window's kWideAt (dynamic shared memory starts there or before: `base` is
+  // its offset in the window, <= kWideAt; the launcher checks), everything else behind it
+  l.table = wide ? kWideAt - (base & 0xFFFFu) : ((base + kTableAlign - 1) & ~(kTableAlign - 1)) - base;
+  const size_t table_end = l.table + (wide ? kWideBytes : table_bytes<K_BITS>());
+  if (small <= l.table && !wide) {
     l.small = 0;
     l.x_front = small;
     l.rows_front = min(M, int(uint32_t(l.table - small) / uint32_t(row)));  // < 64 KB / row: 32 bits
@@ -391,8 +425,8 @@ __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int acc, i
 // Bytes to ask for, given that dynamic shared memory starts `reserved` bytes into the window
 // (the kernel derives the layout from where it actually starts and checks it against this).
 template <typename T, int K_BITS>
-size_t smem_bytes(int M, int steps, int acc, int reserved, int n_stages, int stage_bytes) {
-  return layout_of<T, K_BITS>(uint32_t(reserved), M, steps, acc, n_stages, stage_bytes).end;
+size_t smem_bytes(int M, int steps, int acc, int reserved, int n_stages, int stage_bytes, bool wide = false) {
+  return layout_of<T, K_BITS>(uint32_t(reserved), M, steps, acc, n_stages, stage_bytes, wide).end;
 }
 // Bulk variant: bytes of one stage (2 k-tiles of the CTA's rg * 16 rows: words, then scales).
 template <int K_BITS>
@@ -441,11 +475,12 @@ __device__ __forceinline__ void mma_body(
   const uint32_t stage_bytes = stage_bytes_of<K_BITS>(rg_per_cta, kScaleBytes<FMT>);
   // the flush's per-warp slots (2 per warp) or the atomics' accumulator (1 per row group)
   const bool slot_mode = !BULK && divs.slots != 0;
-  const Layout lay = layout_of<T, K_BITS>(smem_sh, M, steps, slot_mode ? 2 * kWarps : rg_per_cta, n_stages, stage_bytes);
+  constexpr bool kW5 = kWide5<K_BITS, NT, BULK>;
+  const Layout lay = layout_of<T, K_BITS>(smem_sh, M, steps, slot_mode ? 2 * kWarps : rg_per_cta, n_stages, stage_bytes, kW5);
   {
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (lay.end > dyn) __trap();  // launcher bug
+    if (lay.end > dyn || (kW5 && (smem_sh & 0xFFFFu) > kWideAt)) __trap();  // launcher bug
   }
   char* table = smem + lay.table;
   const uint32_t table_sh = smem_sh + uint32_t(lay.table);
@@ -618,7 +653,22 @@ __device__ __forceinline__ void mma_body(
     // every warp runs whole iterations (warp-uniform shuffles): trip counts rounded up to the
     // CTA size, the stores past the table's end skipped
     auto whole = [](int n) { return (n + kThreads - 1) / kThreads * kThreads; };
-    if constexpr (K_BITS == 5) {
+    if constexpr (kW5) {
+      // entry e = hi1 << 9 | lo << 1 | hi0: 128 bytes (32 columns) at row (hi1 << 8 | lo) * 256 +
+      // hi0 * 128; a thread takes whole entries (2 shuffles, 8 stores), the stores of a warp
+      // rotated by the lane so that each 8-lane phase covers 8 distinct 16-byte chunks
+      for (int e0 = 0; e0 < 1024; e0 += kThreads) {
+        const int e = e0 + int(threadIdx.x);
+        const int ec = e < 1024 ? e : 0;  // every lane shuffles
+        const int lo = (ec >> 1) & 255, hb0 = ec & 1, hb1 = ec >> 9;
+        const uint32_t v = Pair<T>::pack(cb((lo & 15) | hb0 << 4), cb((lo >> 4) | hb1 << 4));
+        if (e < 1024) {
+          uint4* const dst = reinterpret_cast<uint4*>(table + ((hb1 << 8 | lo) * 256 + hb0 * 128));
+#pragma unroll
+          for (int j = 0; j < 8; j++) dst[(j + e) & 7] = make_uint4(v, v, v, v);
+        }
+      }
+    } else if constexpr (K_BITS == 5) {
       for (int i = threadIdx.x; i < whole(1024 * 4); i += kThreads) {  // 4 columns per 16-byte store
         const int e = i >> 2, lo = e >> 2, hb = e & 3;  // entry (lo, hi) at lo * 256 + hi * 64
         const uint32_t v = Pair<T>::pack(cb((lo & 15) | (hb & 1) << 4), cb((lo >> 4) | (hb >> 1) << 4));
@@ -763,7 +813,8 @@ __device__ __forceinline__ void mma_body(
 
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
   // after i is decoded. Two accumulators per token tile halve the chain of dependent MMAs.
-  const uint32_t lane_base = table_sh | (K_BITS == 5 && !KBIT_MMA_PROBE_K5CF ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
+  const uint32_t lane_base = kW5 ? (smem_sh & 0xFFFF0000u) | uint32_t(lane) * 4u  // + kWideAt in the LDS
+                            : table_sh | (K_BITS == 5 && !KBIT_MMA_PROBE_K5CF ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
   float acc[NT][kAccSets<NT>][4] = {};
   // this lane's staged x (token tt * 8 + g) at step 0, or the zero row
   const T* xb0[NT];
@@ -865,7 +916,7 @@ __device__ __forceinline__ void mma_body(
         const T* xb[NT];
 #pragma unroll
         for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(cur.step, 0, 0) : 0);
-        item_mma<T, K_BITS, NT>(it, s2, lane_base, xb, acc);
+        item_mma<T, K_BITS, NT, kW5>(it, s2, lane_base, xb, acc);
         const int rg = cur.rg;
         advance(cur);
         if (cur.rg != rg || base + d + 1 == n_items) flush(rg);
@@ -1059,8 +1110,10 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
     if (size_t(M) * (sps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) continue;
     const int per_wave = dev.sms / S;  // CTAs of one slice per wave
     int rg = int(ceil_div(groups, per_wave));
-    size_t smem = smem_bytes<T, K_BITS>(M, sps, rg, dev.smem_reserved, 0, 0);
-    while (smem > size_t(dev.smem_optin) && rg > 1) smem = smem_bytes<T, K_BITS>(M, sps, --rg, dev.smem_reserved, 0, 0);
+    // (the register ring's layout; the bulk variant, chosen later, has its own)
+    const bool wide = wide5_at<K_BITS>(M, false);
+    size_t smem = smem_bytes<T, K_BITS>(M, sps, rg, dev.smem_reserved, 0, 0, wide);
+    while (smem > size_t(dev.smem_optin) && rg > 1) smem = smem_bytes<T, K_BITS>(M, sps, --rg, dev.smem_reserved, 0, 0, wide);
     if (smem > size_t(dev.smem_optin)) continue;
     Plan p;
     p.S = S;
@@ -1101,6 +1154,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   // without a workspace, no split (kbit_mma_workspace_bytes: plan_for, the same plan with one)
   const Plan plan = plan_of<T, K_BITS>(M, N, K, dev, ws.ptr != nullptr);
   if (plan.smem == 0 || plan.smem > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
+  if (wide5_at<K_BITS>(int(M), false) && dev.smem_reserved > int(kWideAt)) return cudaErrorNotSupported;
   if (plan.S > 1 && (int64_t(plan.ws_bytes) > ws.bytes || reinterpret_cast<uintptr_t>(ws.ptr) % 16 != 0))
     return cudaErrorInvalidValue;
   const int rg = plan.rg, steps = plan.sps;
@@ -1158,7 +1212,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     Divs divs = divs0;
     size_t smem = bulk ? bulk_bytes : plan.smem;
     if (!decltype(bulk)::value && items_per_warp <= last_steps) {
-      const size_t slot_smem = smem_bytes<T, K_BITS>(M, steps, 2 * W, dev.smem_reserved, 0, 0);
+      const size_t slot_smem = smem_bytes<T, K_BITS>(M, steps, 2 * W, dev.smem_reserved, 0, 0, wide5_at<K_BITS>(M, false));
       if (slot_smem <= size_t(dev.smem_optin)) {
         divs.ipw = magic_for(items_per_warp);
         divs.slots = 1;
