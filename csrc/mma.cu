@@ -191,11 +191,20 @@ constexpr uint32_t kTableAlign = 64 * 1024;
 // window | hi1 << 16 | lo << 8 | hi0 << 7 | L << 2, + kWideAt (the LDS's immediate offset: the
 // table starts at the window's 1 KB, where dynamic shared memory starts on sm_90), 128 KB.
 constexpr uint32_t kWideAt = 1024, kWideBytes = 128 * 1024;
+// The wide table up to this NT (experiments). NT = 2 too (M = 9..16) measured mixed on the H100
+// (NOTES.md v40: dense TOTAL k = 5 M = 9 -0.3..-0.9 us, M = 16 +0.1..+0.6; the 28672-row
+// weight at M = 12 79 -> 131 us: the larger layout changed its plan), so NT = 1 only.
+#ifndef KBIT_MMA_WIDE5_MAX_NT
+#define KBIT_MMA_WIDE5_MAX_NT 1
+#endif
 template <int K_BITS, int NT, bool BULK>
-constexpr bool kWide5 = KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && NT == 1 && !BULK;
-// The same for the host, from M (NT = 1: M <= 8) and whether the call runs the bulk variant.
+constexpr bool kWide5 = KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && NT <= KBIT_MMA_WIDE5_MAX_NT && !BULK;
+// The same for the host, from M (NT = ceil(M / 8) rounded up to 1, 2, 4, 8) and whether the
+// call runs the bulk variant.
 template <int K_BITS>
-constexpr bool wide5_at(int M, bool bulk) { return KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && M <= 8 && !bulk; }
+constexpr bool wide5_at(int M, bool bulk) {
+  return KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && M <= 8 * KBIT_MMA_WIDE5_MAX_NT && !bulk;
+}
 
 // The words + stored absmax of the two blocks (rows g and g + 8) of one item.
 template <int K_BITS>
