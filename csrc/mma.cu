@@ -22,7 +22,8 @@
 // byte 1, the lane's offset as byte 0, the table's address as bytes 2-3; k = 3, 4 leave half
 // of each 256-byte row unused). k = 5 decodes the low 4 bits like k = 4 and adds the 2 high
 // bits of the pair to the address (entry_addr5: PRMT + LOP3; 16 columns shared by 2 lanes
-// each). The
+// each), except at M <= 8 with the register ring, where a 128 KB table gives every lane its own
+// column (kWide5: entry_addr5w). The
 // block scale (E4M4: exact in fp16 and bf16) multiplies the codebook value in the activation
 // dtype; the per-tensor power of two multiplies the fp32 accumulator at the end, so it cannot
 // overflow or underflow the 16-bit weights.
@@ -181,7 +182,7 @@ __host__ __device__ constexpr int slot_position(int s, int u) {
 // (a byte of two nibbles), at a 64 KB aligned shared address (entry_addr). k = 5: 1024
 // entries of 2 values (two nibbles + their 2 high bits), entry (lo, hi) of lane L at
 // lo * 256 + hi * 64 + (L % 16) * 4 (entry_addr5): lanes L and L + 16 share a column, so
-// the lookups are 2-way bank conflicts; private columns would need 128 KB.
+// the lookups are 2-way bank conflicts; private columns need 128 KB (kWide5 below, M <= 8).
 template <int K_BITS>
 __host__ __device__ constexpr int table_bytes() {
   return K_BITS == 2 ? 256 * 256 : K_BITS == 3 ? 128 * 256 : 256 * 256;
@@ -399,7 +400,8 @@ struct Divs {
 // Shared memory (byte offsets from the start of dynamic shared memory, whose shared address is
 // `base`): the table; "small" = [E4M4 scales][zero row][accumulator: `acc` tiles of M x
 // kAccStride floats][2 S mbarriers]; the staged
-// x rows; (bulk) S stages, 128-byte aligned, last. The table starts at the first 64 KB boundary of the shared window; small and as many x rows
+// x rows; (bulk) S stages, 128-byte aligned, last. The wide k = 5 table (kWide5) starts at the
+// window's kWideAt, everything else behind it. Any other table starts at the first 64 KB boundary of the shared window; small and as many x rows
 // as fit go in front of it, the other x rows behind it (if small does not fit in front,
 // everything goes behind).
 struct Layout {
