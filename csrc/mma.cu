@@ -115,11 +115,6 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 #ifndef KBIT_MMA_PROBE_NOTR
 #define KBIT_MMA_PROBE_NOTR 0
 #endif
-// Timing probe (wrong results): KBIT_MMA_PROBE_K5CF = 1 makes k = 5's table lookups free of
-// bank conflicts (each lane its own column, the pair's high bits dropped from the address).
-#ifndef KBIT_MMA_PROBE_K5CF
-#define KBIT_MMA_PROBE_K5CF 0
-#endif
 // k = 5 at NT = 1 (M <= 8, register ring): the 128 KB "wide" codebook table, a column per lane
 // (no bank conflicts; entry_addr5w, as wgmma.cu's), at the start of the shared window; 0 keeps
 // the 64 KB table whose columns lanes L and L + 16 share (2-way conflicts). H100 probe with the
@@ -198,14 +193,12 @@ constexpr uint32_t kWideAt = 1024, kWideBytes = 128 * 1024;
 #ifndef KBIT_MMA_WIDE5_MAX_NT
 #define KBIT_MMA_WIDE5_MAX_NT 1
 #endif
-template <int K_BITS, int NT, bool BULK>
-constexpr bool kWide5 = KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && NT <= KBIT_MMA_WIDE5_MAX_NT && !BULK;
-// The same for the host, from M (NT = ceil(M / 8) rounded up to 1, 2, 4, 8) and whether the
-// call runs the bulk variant.
+// Whether the register ring's kernel for M tokens takes the wide table (the bulk variant never
+// does); kWide5 is the same for the kernel, from its token tiles (M <= 8 NT).
 template <int K_BITS>
-constexpr bool wide5_at(int M, bool bulk) {
-  return KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && M <= 8 * KBIT_MMA_WIDE5_MAX_NT && !bulk;
-}
+constexpr bool wide5_at(int M) { return KBIT_MMA_WIDE5 != 0 && K_BITS == 5 && M <= 8 * KBIT_MMA_WIDE5_MAX_NT; }
+template <int K_BITS, int NT, bool BULK>
+constexpr bool kWide5 = !BULK && wide5_at<K_BITS>(8 * NT);
 
 // The words + stored absmax of the two blocks (rows g and g + 8) of one item.
 template <int K_BITS>
@@ -262,7 +255,6 @@ template <int NT> constexpr int kAccSets = NT >= 4 ? 1 : 2;
 template <int I, bool W5>
 __device__ __forceinline__ uint32_t lookup5(uint32_t n, uint32_t hi, uint32_t lane_base) {
   if constexpr (W5) return lds32_at<kWideAt>(entry_addr5w<I>(n, hi, lane_base));
-  else if constexpr (KBIT_MMA_PROBE_K5CF) return lds32((entry_addr5<I>(n, hi, 0u) & 0xff00u) | lane_base);
   else return lds32(entry_addr5<I>(n, hi, lane_base));
 }
 
@@ -415,7 +407,7 @@ __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int acc, i
   const size_t row = size_t(steps * kStepK + kXPad) * sizeof(T);
   Layout l;
   // wide: at the window's kWideAt (dynamic shared memory starts there or before: `base` is
-  // its offset in the window, <= kWideAt; the launcher checks), everything else behind it
+  // its offset in the window, <= kWideAt; plan_of checks), everything else behind it
   l.table = wide ? kWideAt - (base & 0xFFFFu) : ((base + kTableAlign - 1) & ~(kTableAlign - 1)) - base;
   const size_t table_end = l.table + (wide ? kWideBytes : table_bytes<K_BITS>());
   if (small <= l.table && !wide) {
@@ -825,7 +817,7 @@ __device__ __forceinline__ void mma_body(
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
   // after i is decoded. Two accumulators per token tile halve the chain of dependent MMAs.
   const uint32_t lane_base = kW5 ? (smem_sh & 0xFFFF0000u) | uint32_t(lane) * 4u  // + kWideAt in the LDS
-                            : table_sh | (K_BITS == 5 && !KBIT_MMA_PROBE_K5CF ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
+                            : table_sh | (K_BITS == 5 ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
   float acc[NT][kAccSets<NT>][4] = {};
   // this lane's staged x (token tt * 8 + g) at step 0, or the zero row
   const T* xb0[NT];
@@ -1108,6 +1100,8 @@ template <typename T, int K_BITS>
 Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split) {
   Plan best;
   if (M < 1 || M > kMaxM || N < 1 || K < 1) return best;
+  // the wide table sits at the window's kWideAt, which must not precede dynamic shared memory
+  if (wide5_at<K_BITS>(M) && dev.smem_reserved > int(kWideAt)) return best;
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
   const int64_t total = ceil_div(KT, 2), groups = ceil_div(N, kRows);
   if (total >= (int64_t(1) << 24) || groups >= (int64_t(1) << 26)) return best;
@@ -1122,7 +1116,7 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
     const int per_wave = dev.sms / S;  // CTAs of one slice per wave
     int rg = int(ceil_div(groups, per_wave));
     // (the register ring's layout; the bulk variant, chosen later, has its own)
-    const bool wide = wide5_at<K_BITS>(M, false);
+    const bool wide = wide5_at<K_BITS>(M);
     size_t smem = smem_bytes<T, K_BITS>(M, sps, rg, dev.smem_reserved, 0, 0, wide);
     while (smem > size_t(dev.smem_optin) && rg > 1) smem = smem_bytes<T, K_BITS>(M, sps, --rg, dev.smem_reserved, 0, 0, wide);
     if (smem > size_t(dev.smem_optin)) continue;
@@ -1165,7 +1159,6 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   // without a workspace, no split (kbit_mma_workspace_bytes: plan_for, the same plan with one)
   const Plan plan = plan_of<T, K_BITS>(M, N, K, dev, ws.ptr != nullptr);
   if (plan.smem == 0 || plan.smem > size_t(dev.smem_optin)) return cudaErrorInvalidValue;
-  if (wide5_at<K_BITS>(int(M), false) && dev.smem_reserved > int(kWideAt)) return cudaErrorNotSupported;
   if (plan.S > 1 && (int64_t(plan.ws_bytes) > ws.bytes || reinterpret_cast<uintptr_t>(ws.ptr) % 16 != 0))
     return cudaErrorInvalidValue;
   const int rg = plan.rg, steps = plan.sps;
@@ -1223,7 +1216,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     Divs divs = divs0;
     size_t smem = bulk ? bulk_bytes : plan.smem;
     if (!decltype(bulk)::value && items_per_warp <= last_steps) {
-      const size_t slot_smem = smem_bytes<T, K_BITS>(M, steps, 2 * W, dev.smem_reserved, 0, 0, wide5_at<K_BITS>(M, false));
+      const size_t slot_smem = smem_bytes<T, K_BITS>(M, steps, 2 * W, dev.smem_reserved, 0, 0, wide5_at<K_BITS>(M));
       if (slot_smem <= size_t(dev.smem_optin)) {
         divs.ipw = magic_for(items_per_warp);
         divs.slots = 1;
