@@ -123,30 +123,18 @@ constexpr uint32_t kTableBytes = W5 ? 128 * 1024 : K_BITS == 5 ? 64 * 1024 : 256
 // SM sub-partition, 168 registers each, and the 128 accumulators per thread no longer fit
 // (ptxas serialized the wgmmas, C7512); with a producer warpgroup the consumers take 232
 // registers and the producer 40 (setmaxnreg: 2 x 232 + 40 = 3 x 168).
-template <int TN, int WG, bool SA = false> constexpr bool kRegSplit = TN == 256 && WG == 2 && !SA;
-template <int TN, int WG, bool SA = false> constexpr int kProducerThreads = kRegSplit<TN, WG, SA> ? 128 : 32;
-
-// Shared A (SA): the WG = 2 consumer warpgroups of a CTA share one 64-row weight tile and take
-// half of the TN tokens each. Each decodes half of every step's 64 k (warpgroup w: block w of
-// the two 32-value blocks) into an A tile in shared memory (the wgmma's K-major 128-byte
-// swizzle, by stmatrix), and both run wgmma with A and B from shared memory. Against one
-// warpgroup on the same tile (RS), the decode is split over 8 warps instead of 4: at M = 256
-// one warpgroup's decode alone took ~690 cycles per step (KBIT_WG_PROBE, NOTES.md v40), more
-// than the ~512 of the step's wgmmas at the tensor pipe's peak.
-template <int WG, bool SA> constexpr int kCtaRows = SA ? kWgRows : kWgRows * WG;
-constexpr int kWgSharedA = 3;  // the "WG" of an SA tile in choose() and kbit_wgmma_force_config
+template <int TN, int WG> constexpr bool kRegSplit = TN == 256 && WG == 2;
+template <int TN, int WG> constexpr int kProducerThreads = kRegSplit<TN, WG> ? 128 : 32;
 constexpr int kConsumerRegs = 232, kProducerRegs = 40;
 
 // Bytes of one stage and of the split-K reduction tile.
-template <int K_BITS, int TN, int WG, bool SA = false>
+template <int K_BITS, int TN, int WG>
 struct Shape {
-  static constexpr int rows = kCtaRows<WG, SA>;
+  static constexpr int rows = kWgRows * WG;
   static constexpr int x_bytes = TN * kStepK * 2;          // a multiple of 1024 (swizzle atoms)
   static constexpr int packed_bytes = rows * 2 * K_BITS * 4;
   static constexpr int absmax_bytes = rows * 2 * 4;         // room for fp32 scales
-  // SA: the decoded A tile (64 rows x 64 k, 16-bit) behind the packed words, 1024-aligned
-  static constexpr uint32_t a_at = (x_bytes + packed_bytes + absmax_bytes + 1023) / 1024 * 1024;
-  static constexpr uint32_t stage_bytes = a_at + (SA ? kWgRows * kStepK * 2 : 0);
+  static constexpr uint32_t stage_bytes = (x_bytes + packed_bytes + absmax_bytes + 1023) / 1024 * 1024;
   static constexpr int red_stride = rows + 4;               // floats per token row (bank spread)
   static constexpr uint32_t red_bytes = uint32_t(TN) * red_stride * 4;
 };
@@ -197,13 +185,6 @@ __device__ __forceinline__ void setmaxnreg_dec() { KBIT_WGMMA_ASM("setmaxnreg.de
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
   KBIT_WGMMA_ASM("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
                  "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
-}
-// The same, not transposed: lane L's address is that of stored row L % 8 of matrix L / 8, which
-// receives row L % 8 of that matrix's fragment (an mma A fragment a0..a3 is the 16 x 16 tile's
-// four 8 x 8 matrices: rows 0-7 / 8-15 x k 0-7, then k 8-15).
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
-  KBIT_WGMMA_ASM("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]), "r"(r[1]),
-                 "r"(r[2]), "r"(r[3]) : "memory");
 }
 // Keeps the compiler from moving accesses of the accumulators across the asynchronous MMAs.
 template <int R>
@@ -279,33 +260,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[TN / 2], const uint32_t (&a)
     else KBIT_WGMMA_RS(256, "bf16", KBIT_RS_LIST256, KBIT_A32(0), KBIT_A32(32), KBIT_A32(64), KBIT_A32(96));
   }
 }
-// D[64 rows, TNW] += A[64 rows, 16 k] (descriptor da) * B[16 k, TNW] (descriptor db), both
-// K-major (SA).
-#define KBIT_WGMMA_SS(TN_, TY, LIST, ...)                                                     \
-  KBIT_WGMMA_ASM("wgmma.mma_async.sync.aligned.m64n" #TN_ "k16.f32." TY "." TY " " LIST ", 1, 1, 1, 0, 0;" \
-                 : __VA_ARGS__                                                                 \
-                 : "l"(da), "l"(db))
-#define KBIT_SS_LIST64 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33"
-#define KBIT_SS_LIST128 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
-  "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65"
-template <typename T, int TNW>
-__device__ __forceinline__ void wgmma_ss(float (&d)[TNW / 2], uint64_t da, uint64_t db) {
-  constexpr bool kHalf = std::is_same<T, __half>::value;
-  if constexpr (TNW == 64) {
-    if constexpr (kHalf) KBIT_WGMMA_SS(64, "f16", KBIT_SS_LIST64, KBIT_A32(0));
-    else KBIT_WGMMA_SS(64, "bf16", KBIT_SS_LIST64, KBIT_A32(0));
-  } else {
-    static_assert(TNW == 128, "SA: a warpgroup's TNW is 64 or 128 tokens");
-    if constexpr (kHalf) KBIT_WGMMA_SS(128, "f16", KBIT_SS_LIST128, KBIT_A32(0), KBIT_A32(32));
-    else KBIT_WGMMA_SS(128, "bf16", KBIT_SS_LIST128, KBIT_A32(0), KBIT_A32(32));
-  }
-}
-#undef KBIT_WGMMA_SS
 #undef KBIT_WGMMA_RS
 #undef KBIT_A32
 #undef KBIT_A8
@@ -340,19 +294,16 @@ __device__ __forceinline__ void add_scaled_halves(float* v, const uint32_t (&w)[
   }
 }
 
-template <typename T, int K_BITS, int TN, int WG, bool W5 = false, bool SA = false>
-__global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wgmma_kernel(
+template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
+__global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
     const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K, int stages,
     int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl,
     char* __restrict__ sk_ws, unsigned* __restrict__ sk_flags) {
-  using S = Shape<K_BITS, TN, WG, SA>;
+  using S = Shape<K_BITS, TN, WG>;
   static_assert(!W5 || K_BITS == 5, "the wide table is k = 5's");
-  static_assert(!SA || WG == 2, "SA: two warpgroups share a tile");
   constexpr int kThreads = WG * 128;  // consumers; the producer warp(group) is tid >= kThreads
-  constexpr int kAll = kThreads + kProducerThreads<TN, WG, SA>;
-  constexpr bool kSplitRegs = kRegSplit<TN, WG, SA>;
-  constexpr int kTW = SA ? TN / WG : TN;  // tokens per warpgroup (its accumulator's width)
+  constexpr int kAll = kThreads + kProducerThreads<TN, WG>;
   extern __shared__ __align__(1024) char smem_raw[];
   KBIT_WG_PHASE(0);
   if (threadIdx.x == 0) KBIT_WG_CTA(0);
@@ -464,13 +415,13 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
   const bool producer = __shfl_sync(0xffffffffu, tid >> 5, 0) >= WG * 4;
   __syncthreads();  // initialised mbarriers, zeroed tails, the scale-pair table
 
-  float acc[kTW / 2];
+  float acc[TN / 2];
 #pragma unroll
-  for (int i = 0; i < kTW / 2; i++) acc[i] = 0.f;
+  for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
   const int lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7, g = lane >> 2, c = lane & 3;
 
   if (producer) {
-    if constexpr (kSplitRegs) setmaxnreg_dec<kProducerRegs>();
+    if constexpr (kRegSplit<TN, WG>) setmaxnreg_dec<kProducerRegs>();
     if (tid == kThreads) {
       // weights read by one token tile only stream through L2 evict-first
       const uint64_t w_policy = l2_policy(M <= TN);
@@ -507,12 +458,12 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
       if (s_all == publish_at) publish();
     }
 #ifdef KBIT_WG_FIRST_COPY_PROBE  // scripts/wgmma_timeline.cu: when step 0's copies landed
-    if (kSplitRegs && tid == kThreads + 32) {
+    if (kRegSplit<TN, WG> && tid == kThreads + 32) {
       mbar_wait(full0, 0);
       KBIT_WG_PHASE(6);
     }
 #endif
-    if constexpr (kSplitRegs) {
+    if constexpr (kRegSplit<TN, WG>) {
       // With 40 registers the producer warpgroup runs no epilogue code: it only takes part in
       // the split-K reduction's two cluster barriers.
       if (splits > 1) {
@@ -522,7 +473,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
       return;
     }
   } else {
-    if constexpr (kSplitRegs) setmaxnreg_inc<kConsumerRegs>();
+    if constexpr (kRegSplit<TN, WG>) setmaxnreg_inc<kConsumerRegs>();
     // The private codebook table (consumers fill it while the first copies fly). A table row
     // of 256 bytes holds entries in every lane's column: k <= 4: one entry, 32 columns of 4
     // bytes, the upper 128 bytes unused; k = 5: the 4 high-bit pairs x 16 columns; W5: hi0 =
@@ -571,7 +522,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
     consumer_sync<kThreads>();
     KBIT_WG_PHASE(1);
 
-    const int r0 = (SA ? 0 : wg * kWgRows) + warp * 16 + g;  // CTA-local rows r0, r0 + 8 of this lane
+    const int r0 = wg * kWgRows + warp * 16 + g;  // CTA-local rows r0, r0 + 8 of this lane
     const uint32_t lane_col = win | uint32_t(K_BITS == 5 && !W5 ? (lane & 15) * 4 : lane * 4);  // + kTableAt in the LDS
     uint32_t rot[K_BITS];  // rotate plane b right by 2c - 2b (k = 5, plane 4: 2c - 6; W5: 2c - 7)
 #pragma unroll
@@ -588,107 +539,100 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
       KBIT_WG_MARK(s, 0);
       const char* pw = gen + st + S::x_bytes;
       const char* pa = pw + S::packed_bytes;
-      uint32_t a[4][4];  // [k16 slice][A register] (SA: slices 2 wg, 2 wg + 1 in a[0], a[1])
+      uint32_t a[4][4];  // [k16 slice][A register]
+      // The step's four blocks (rows r0, r0 + 8 x blocks b = 0, 1) in three passes: every
+      // block's words and scale bits loaded, the scales formed, then the lookups. One pass per
+      // block made a chain of dependent shared loads per block (words -> index -> table, scale
+      // code -> scale table) that the runtime absmax format's branches kept ptxas from
+      // interleaving: 615 -> 449 cycles of decode per step, steps 1039 -> 887 cycles (gateup,
+      // M = 256, k = 4, H200; scripts/wgmma_timeline.cu, NOTES.md v41).
+      uint32_t w[2][2][K_BITS], sbits[2][2];
 #pragma unroll
       for (int rr = 0; rr < 2; rr++) {
 #pragma unroll
-        for (int bb = 0; bb < (SA ? 1 : 2); bb++) {
-          const int b = SA ? wg : bb;  // the 32-value block: slices 2 b, 2 b + 1
+        for (int b = 0; b < 2; b++) {
           const int blk = (r0 + 8 * rr) * 2 + b;
-          uint32_t w[K_BITS];
           if constexpr (K_BITS == 4) {
             const uint4 v = *reinterpret_cast<const uint4*>(pw + blk * 16);
-            w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+            w[rr][b][0] = v.x; w[rr][b][1] = v.y; w[rr][b][2] = v.z; w[rr][b][3] = v.w;
           } else if constexpr (K_BITS == 2) {
             const uint2 v = *reinterpret_cast<const uint2*>(pw + blk * 8);
-            w[0] = v.x; w[1] = v.y;
+            w[rr][b][0] = v.x; w[rr][b][1] = v.y;
           } else {
 #pragma unroll
-            for (int p = 0; p < K_BITS; p++) w[p] = reinterpret_cast<const uint32_t*>(pw)[blk * K_BITS + p];
+            for (int p = 0; p < K_BITS; p++) w[rr][b][p] = reinterpret_cast<const uint32_t*>(pw)[blk * K_BITS + p];
           }
-          const uint32_t s2 = scale_pair<T>(fmt == KBIT_ABSMAX_E4M4 ? uint32_t(reinterpret_cast<const uint8_t*>(pa)[blk])
-                                            : fmt == KBIT_ABSMAX_F16 ? uint32_t(reinterpret_cast<const unsigned short*>(pa)[blk])
-                                                                     : reinterpret_cast<const uint32_t*>(pa)[blk],
-                                            fmt, reinterpret_cast<const uint32_t*>(gen + lay.scales));
+          // the block's absmax bits without a branch on the format: the aligned word holding
+          // them (esize 1, 2 or 4 bytes at blk * esize never straddles one), shifted and masked
+          const uint32_t at = uint32_t(blk * esize);
+          const uint32_t word = *reinterpret_cast<const uint32_t*>(pa + (at & ~3u));
+          sbits[rr][b] = (word >> ((at & 3u) * 8)) & (esize == 4 ? 0xFFFFFFFFu : (1u << (8 * esize)) - 1u);
+        }
+      }
+      uint32_t s2[2][2];
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+        for (int b = 0; b < 2; b++)
+          s2[rr][b] = scale_pair<T>(sbits[rr][b], fmt, reinterpret_cast<const uint32_t*>(gen + lay.scales));
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++) {
+#pragma unroll
+        for (int b = 0; b < 2; b++) {
+          const uint32_t(&wb)[K_BITS] = w[rr][b];
+          const uint32_t sc = s2[rr][b];
           uint32_t n = 0;
 #pragma unroll
           for (int p = 0; p < (K_BITS < 4 ? K_BITS : 4); p++)
-            n |= __funnelshift_r(w[p], w[p], rot[p]) & (0x03030303u << (2 * p));
+            n |= __funnelshift_r(wb[p], wb[p], rot[p]) & (0x03030303u << (2 * p));
           // k = 5: the fifth plane's bits of the pair in byte y at bits 6, 7 (W5: at bit 7 of
           // byte y and bit 0 of byte y + 1)
           uint32_t hi = 0;
-          if constexpr (K_BITS == 5) hi = __funnelshift_r(w[4], w[4], rot[4]) & (W5 ? 0x81818181u : 0xC0C0C0C0u);
+          if constexpr (K_BITS == 5) hi = __funnelshift_r(wb[4], wb[4], rot[4]) & (W5 ? 0x81818181u : 0xC0C0C0C0u);
           // byte y: positions 8y + 2c, +1 of the block = slice 2b + y / 2, register rr + 2 (y % 2)
           if (!(KBIT_WG_PROBE & 1)) {
             if constexpr (W5) {
-              a[2 * bb][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<0>(n, hi, lane_col)), s2);
-              a[2 * bb][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<1>(n, hi, lane_col)), s2);
-              a[2 * bb + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<2>(n, hi, lane_col)), s2);
-              a[2 * bb + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<3>(n, hi, lane_col)), s2);
+              a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<0>(n, hi, lane_col)), sc);
+              a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<1>(n, hi, lane_col)), sc);
+              a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<2>(n, hi, lane_col)), sc);
+              a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5w<3>(n, hi, lane_col)), sc);
             } else if constexpr (K_BITS == 5) {
-              a[2 * bb][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<0>(n, hi, lane_col)), s2);
-              a[2 * bb][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<1>(n, hi, lane_col)), s2);
-              a[2 * bb + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<2>(n, hi, lane_col)), s2);
-              a[2 * bb + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<3>(n, hi, lane_col)), s2);
+              a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<0>(n, hi, lane_col)), sc);
+              a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<1>(n, hi, lane_col)), sc);
+              a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr5<2>(n, hi, lane_col)), sc);
+              a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr5<3>(n, hi, lane_col)), sc);
             } else {
-              a[2 * bb][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<0>(n, lane_col)), s2);
-              a[2 * bb][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr<1>(n, lane_col)), s2);
-              a[2 * bb + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<2>(n, lane_col)), s2);
-              a[2 * bb + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr<3>(n, lane_col)), s2);
+              a[2 * b][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<0>(n, lane_col)), sc);
+              a[2 * b][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr<1>(n, lane_col)), sc);
+              a[2 * b + 1][rr] = mul2<T>(lds32_at<kTableAt>(entry_addr<2>(n, lane_col)), sc);
+              a[2 * b + 1][rr + 2] = mul2<T>(lds32_at<kTableAt>(entry_addr<3>(n, lane_col)), sc);
             }
           } else {
-            a[2 * bb][rr] = a[2 * bb][rr + 2] = a[2 * bb + 1][rr] = a[2 * bb + 1][rr + 2] = n ^ hi ^ s2;
+            a[2 * b][rr] = a[2 * b][rr + 2] = a[2 * b + 1][rr] = a[2 * b + 1][rr + 2] = n ^ hi ^ sc;
           }
         }
       }
       KBIT_WG_MARK(s, 1);
-      if constexpr (SA) {
-        // This warpgroup's two slices into the stage's A tile (row r's 16-byte chunk u at
-        // r * 128 + (u ^ r % 8) * 16: the TMA's swizzle, conflict-free for stmatrix), then
-        // both warpgroups' halves made visible to the MMAs (proxy fence, then the barrier).
-        const uint32_t at = st + S::a_at;
-        const int srow = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+      fence_regs(acc);
+      wgmma_fence();
+      if (!(KBIT_WG_PROBE & 2)) {
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++) {
-          const int chunk = 2 * (2 * wg + jj) + (lane >> 4);
-          stmatrix_x4(at + uint32_t(srow * 128 + ((chunk ^ (lane & 7)) << 4)), a[jj]);
-        }
-        fence_proxy_async();
-        consumer_sync<kThreads>();
-        KBIT_WG_MARK(s, 3);
-        fence_regs(acc);
-        wgmma_fence();
-        if (!(KBIT_WG_PROBE & 2)) {
-#pragma unroll
-          for (int j = 0; j < 4; j++)
-            wgmma_ss<T, kTW>(acc, smem_desc_sw128(at + j * 32), smem_desc_sw128(st + wg * kTW * 128 + j * 32));
-        }
-        wgmma_commit();
-        fence_regs(acc);
-        wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done: release its stage
-        KBIT_WG_MARK(s, 2);
-      } else {
-        fence_regs(acc);
-        wgmma_fence();
-        if (!(KBIT_WG_PROBE & 2)) {
-#pragma unroll
-          for (int j = 0; j < 4; j++) wgmma_rs<T, TN>(acc, a[j], smem_desc_sw128(st + j * 32));
-        }
-        wgmma_commit();
-        fence_regs(acc);
-        wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done: release its stage
-        KBIT_WG_MARK(s, 2);
-        // Step s - 1's A registers stay live up to here, so the decode of step s cannot have
-        // reused them while its MMAs still read them (without this, results were wrong now and
-        // then: ptxas does not see the asynchronous read).
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            asm volatile("" ::"r"(a_prev[j][i]));
-            a_prev[j][i] = a[j][i];
-          }
+        for (int j = 0; j < 4; j++) wgmma_rs<T, TN>(acc, a[j], smem_desc_sw128(st + j * 32));
       }
+      wgmma_commit();
+      fence_regs(acc);
+      wgmma_wait<1>();  // this warpgroup's MMAs of step s - 1 are done: release its stage
+      KBIT_WG_MARK(s, 2);
+      // Step s - 1's A registers stay live up to here, so the decode of step s cannot have
+      // reused them while its MMAs still read them (without this, results were wrong now and
+      // then: ptxas does not see the asynchronous read).
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          asm volatile("" ::"r"(a_prev[j][i]));
+          a_prev[j][i] = a[j][i];
+        }
       __syncwarp();  // every lane's reads of the stage before lane 0's release (racecheck)
       if (s > 0 && lane == 0) mbar_arrive(empty0 + 8 * prev_empty);
       prev_empty = uint32_t(slot);
@@ -709,13 +653,13 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
       // of the workspace holds CTA b's: the exponents (int per thread), then thread-major
       // 16-byte items (thread t's i-th at i * kThreads + t), so the owner's thread t reads
       // what the contributor's thread t wrote.
-      constexpr int kItems = kTW / 16;  // of 8 halves: a thread's kTW / 2 partials
+      constexpr int kItems = TN / 16;  // of 8 halves: a thread's TN / 2 partials
       int* const sk_exps = reinterpret_cast<int*>(sk_ws);
       uint4* const sk_parts = reinterpret_cast<uint4*>(sk_ws + size_t(gridDim.x) * kThreads * 4);
       if (!owned(q)) {
         float mx = 0.f;
 #pragma unroll
-        for (int i = 0; i < kTW / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
+        for (int i = 0; i < TN / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
         const int ex = partial_exponent(mx);
         const float down = pow2f(-ex);
         uint4* const dst = sk_parts + size_t(blockIdx.x) * kItems * kThreads;
@@ -730,7 +674,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
         __syncwarp();
         if (lane == 0) mbar_arrive(stored);  // the producer thread publishes it
 #pragma unroll
-        for (int i = 0; i < kTW / 2; i++) acc[i] = 0.f;  // for the owned segment
+        for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;  // for the owned segment
       } else {
         // the owner: add the partials of the lower CTAs whose ranges reach into this tile
         const int64_t tile_start = int64_t(seg_tile[q]) * KT;
@@ -763,8 +707,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
     return;
   }
 
-  // Accumulator fragment: acc[4i + 2h + e] is weight row r0 + 8h, token t0 + 8i + 2c + e.
-  const int r0 = (SA ? 0 : wg * kWgRows) + warp * 16 + g, t0 = SA ? wg * kTW : 0;
+  // Accumulator fragment: acc[4i + 2h + e] is weight row r0 + 8h, token 8i + 2c + e.
+  const int r0 = wg * kWgRows + warp * 16 + g;
   const bool vec_out = (reinterpret_cast<uintptr_t>(out) % 16 == 0) && ldo % 8 == 0;  // 16-byte stores
   if (splits == 1) {
     if (producer) return;
@@ -776,16 +720,16 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
     // (was: passes of 64 tokens; same speed, NOTES.md v13).
     consumer_sync<kThreads>();  // the space overlays stages and the table other warps may still read
     constexpr int kRowBytes = 48;  // 32 bytes of values + 16: conflict-free stmatrix rows
-    static_assert(kThreads / 32 * kTW * kRowBytes <= S::red_bytes, "C rows must fit the reduction tile");
-    const uint32_t region = lay.red + uint32_t((tid >> 5) * kTW * kRowBytes);
-    const int nw = n0 + r0 - g;  // first weight row of this warp
+    static_assert(kThreads / 32 * TN * kRowBytes <= S::red_bytes, "C rows must fit the reduction tile");
+    const uint32_t region = lay.red + uint32_t((tid >> 5) * TN * kRowBytes);
+    const int nw = n0 + wg * kWgRows + warp * 16;  // first weight row of this warp
     float bv[2] = {0.f, 0.f};
 #pragma unroll
     for (int h = 0; h < 2; h++)
       if (bias != nullptr && nw + g + 8 * h < N) bv[h] = to_float(bias[nw + g + 8 * h]);
     const int q = lane >> 3;  // stmatrix: lane gives row lane % 8 of matrix q = 2 * (chunk) + row half
 #pragma unroll
-    for (int i = 0; i < kTW / 8; i += 2) {
+    for (int i = 0; i < TN / 8; i += 2) {
       uint32_t r[4];
 #pragma unroll
       for (int di = 0; di < 2; di++)
@@ -797,9 +741,9 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
     }
     __syncwarp();
 #pragma unroll 4
-    for (int u = lane; u < kTW * 2; u += 32) {
+    for (int u = lane; u < TN * 2; u += 32) {
       const int t = u >> 1, half = u & 1;
-      const int tok = m0 + t0 + t, n = nw + 8 * half;
+      const int tok = m0 + t, n = nw + 8 * half;
       if (tok >= M || n >= N) continue;  // N % 8 == 0: a half is all in or all out
       const uint4 v = *reinterpret_cast<const uint4*>(gen + region + t * kRowBytes + half * 16);
       T* dst = out + int64_t(tok) * ldo + n;
@@ -829,7 +773,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
     consumer_sync<kThreads>();  // the tile overlays stages and the table other warps may still read
     float mx = 0.f;
 #pragma unroll
-    for (int i = 0; i < kTW / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
+    for (int i = 0; i < TN / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float* const warp_max = reinterpret_cast<float*>(gen + red_exp + 16);
@@ -842,18 +786,18 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG, SA>, 1) wg
     if (tid == 0) *reinterpret_cast<int*>(gen + red_exp) = ex;
     __half* const red = reinterpret_cast<__half*>(gen + lay.red);
 #pragma unroll
-    for (int i = 0; i < kTW / 8; i++)
+    for (int i = 0; i < TN / 8; i++)
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int e = 0; e < 2; e++)
-          red[(t0 + 8 * i + 2 * c + e) * kRedStrideH + r0 + 8 * h] = __float2half_rn(acc[4 * i + 2 * h + e] * down);
+          red[(8 * i + 2 * c + e) * kRedStrideH + r0 + 8 * h] = __float2half_rn(acc[4 * i + 2 * h + e] * down);
   }
   cluster_sync();
   KBIT_WG_PHASE(3);
   const int z = int(blockIdx.z);
   const int my_tokens = (TN - z + splits - 1) / splits;
-  constexpr int kReducers = kSplitRegs ? kThreads : kAll;  // the producer warpgroup has left
+  constexpr int kReducers = kRegSplit<TN, WG> ? kThreads : kAll;  // the producer warpgroup has left
   float up[kMaxSplits];  // 2^e of every CTA of the cluster
 #pragma unroll
   for (int r = 0; r < kMaxSplits; r++)
@@ -915,11 +859,11 @@ int& last_streamk() { static int v = 0; return v; }
 
 // Stream-K workspace (Workspace, common.cuh; from the caller, one per stream or captured
 // graph): kFlagBytes of flags (uint32 per CTA, zero between calls: each owner clears the flags
-// it consumed), then per CTA (G = the grid) G x threads (consumers) exponents (int) and G
-// partial tiles of the CTA's rows x TN tokens in fp16.
+// it consumed), then per CTA (G = the grid) G x threads exponents (int) and G partial tiles of
+// 64 * WG rows x TN tokens in fp16.
 constexpr int64_t kFlagBytes = 4 * 1024;  // flags of up to 1024 CTAs
-inline int64_t streamk_bytes(int ctas, int threads, int rows, int tn) {
-  return kFlagBytes + int64_t(ctas) * (threads * 4 + int64_t(rows) * tn * 2);
+inline int64_t streamk_bytes(int ctas, int rows, int tn) {
+  return kFlagBytes + int64_t(ctas) * (2 * rows * 4 + int64_t(rows) * tn * 2);  // threads = 2 * rows
 }
 // Stream-K's cost in the split model of launch_cfg, in steps per CTA on top of its share of
 // the units: the partial tile's store and publish (contributor) and load (owner).
@@ -1007,13 +951,6 @@ void choose(int64_t M, int64_t N, int64_t K, bool sk, int& tn, int& wg, int sms)
     tn = 128;
     wg = 9 * ceil_div(M, 128) * rows2 >= 4 * sms ? 2 : 1;
   }
-  // Experiments (KBIT_WG_SA): 1: SA where one warpgroup would take a TN = 256 tile, 2: also
-  // TN = 128, 3: also where two would (256.2, 128.2).
-  static const int sa = [] {
-    const char* e = std::getenv("KBIT_WG_SA");
-    return e != nullptr ? std::atoi(e) : 0;
-  }();
-  if ((wg == 1 || sa >= 3) && ((sa >= 1 && tn == 256) || (sa >= 2 && tn == 128))) wg = kWgSharedA;
   if (forced_tn() != 0) tn = forced_tn();
   if (forced_wg() != 0) wg = forced_wg();
 }
@@ -1023,9 +960,9 @@ void choose(int64_t M, int64_t N, int64_t K, bool sk, int& tn, int& wg, int sms)
 // most that fit one CTA. `bytes`: the dynamic shared memory to ask for; solo asks for more than
 // half an SM's, so that no second CTA joins it (a solo layout of ~107 KB let the scheduler
 // pack a cluster's CTAs 2 per SM: KV 4.8 -> 5.3 us at M = 16, NOTES.md v17).
-template <typename T, int K_BITS, int TN, int WG, bool W5 = false, bool SA = false>
+template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
 int stages_for(int device, bool shared, uint32_t& bytes) {
-  using S = Shape<K_BITS, TN, WG, SA>;
+  using S = Shape<K_BITS, TN, WG>;
   const DeviceInfo& d = device_info(device);
   // counted from shared address 0: whether dynamic shared memory starts at 0 or after the
   // reservation (<= kTableAt), it then reaches the layout's end
@@ -1041,15 +978,14 @@ int stages_for(int device, bool shared, uint32_t& bytes) {
   return 0;
 }
 
-template <typename T, int K_BITS, int TN, int WG, bool W5 = false, bool SA = false>
+template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
 cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M, int64_t ldx,
                        const int32_t* packed, const void* absmax, int fmt, const float* codebook,
                        int64_t N, int64_t K, int splits, int exponent, const void* bias, void* out, int64_t ldo,
                        Workspace ws) {
-  constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG, W5, SA>;
-  constexpr int kRows = kCtaRows<WG, SA>;
-  const unsigned threads = WG * 128 + kProducerThreads<TN, WG, SA>;
-  const int64_t tiles = ceil_div(N, kRows) * ceil_div(M, TN);
+  constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG, W5>;
+  const unsigned threads = WG * 128 + kProducerThreads<TN, WG>;
+  const int64_t tiles = ceil_div(N, kWgRows * WG) * ceil_div(M, TN);
   const int sms = device_info(device).sms;
   // Two layouts: "shared" (fewer stages, 2 CTAs fit an SM) and "solo" (the most stages, one
   // CTA per SM). Two CTAs per SM hide each other's step chain (copy -> decode -> wgmma): with
@@ -1073,12 +1009,12 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   static uint32_t plan_bytes[2][64];
   static bool planned[64] = {};
   if (!planned[device]) {
-    plan_stages[0][device] = stages_for<T, K_BITS, TN, WG, W5, SA>(device, false, plan_bytes[0][device]);
+    plan_stages[0][device] = stages_for<T, K_BITS, TN, WG, W5>(device, false, plan_bytes[0][device]);
     if (plan_stages[0][device] == 0) return cudaErrorInvalidValue;
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan_bytes[0][device]));
     if (e != cudaSuccess) return e;
-    plan_stages[1][device] = stages_for<T, K_BITS, TN, WG, W5, SA>(device, true, plan_bytes[1][device]);
+    plan_stages[1][device] = stages_for<T, K_BITS, TN, WG, W5>(device, true, plan_bytes[1][device]);
     int per_sm = 0;
     if (plan_stages[1][device] > 0 &&
         (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), plan_bytes[1][device]) !=
@@ -1132,9 +1068,9 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   // split (gateup M = 192 k = 4 20.3 vs 18.6 us, NOTES.md v23).
   // (tiles x kt >= 2 SMs: every CTA has at least 2 units, so none contributes an empty head
   // whose flag no owner would consume.)
-  const bool sk_fits = N % kRows == 0 && tiles < sms && tiles * kt >= 2 * sms && sms <= kFlagBytes / 4 &&
-                       (ws.need != nullptr || (ws.ptr != nullptr && ws.bytes >= streamk_bytes(sms, WG * 128, kRows, TN)));
-  const int64_t sk_overhead = streamk_overhead() * (kRows * TN > 16384 ? kRows * TN / 16384 : 1);
+  const bool sk_fits = N % (kWgRows * WG) == 0 && tiles < sms && tiles * kt >= 2 * sms && sms <= kFlagBytes / 4 &&
+                       (ws.need != nullptr || (ws.ptr != nullptr && ws.bytes >= streamk_bytes(sms, kWgRows * WG, TN)));
+  const int64_t sk_overhead = streamk_overhead() * (kWgRows * WG * TN > 16384 ? kWgRows * WG * TN / 16384 : 1);
   const bool want_sk = sk_fits && (sk_forced || (forced_splits == 0 && solo && plan_cost >= 0 &&
                                                  ceil_div(tiles * kt, sms) + sk_overhead < plan_cost));
   if (want_sk) {
@@ -1147,18 +1083,18 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     static int wide_stages[64] = {};  // its solo layout's stages, once per device (-1: none fit)
     if (wide_stages[device] == 0) {
       uint32_t wide_bytes = 0;
-      const int st = stages_for<T, K_BITS, TN, WG, true, SA>(device, false, wide_bytes);
+      const int st = stages_for<T, K_BITS, TN, WG, true>(device, false, wide_bytes);
       wide_stages[device] = st > 0 ? st : -1;
     }
     const int ft = forced_table();
     if (ft != 1 && (solo || ft == 2) && wide_stages[device] >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
-      return launch_cfg<T, K_BITS, TN, WG, true, SA>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
+      return launch_cfg<T, K_BITS, TN, WG, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
                                                  sk_forced ? -1 : forced_splits, exponent, bias, out, ldo, ws);
   }
   if (stages == 0) return cudaErrorInvalidValue;
   if (splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
   if (ws.need != nullptr || ws.cost != nullptr) {  // a dry query: nothing launches
-    if (ws.need != nullptr) *ws.need = want_sk ? streamk_bytes(sms, WG * 128, kRows, TN) : 0;
+    if (ws.need != nullptr) *ws.need = want_sk ? streamk_bytes(sms, kWgRows * WG, TN) : 0;
     if (ws.cost != nullptr) *ws.cost = want_sk ? ceil_div(tiles * kt, sms) + sk_overhead : plan_cost;
     return cudaSuccess;
   }
@@ -1174,7 +1110,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = want_sk ? dim3(unsigned(sms))
-                        : dim3(unsigned(ceil_div(N, kRows)), unsigned(ceil_div(M, TN)), unsigned(splits));
+                        : dim3(unsigned(ceil_div(N, kWgRows * WG)), unsigned(ceil_div(M, TN)), unsigned(splits));
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -1210,10 +1146,6 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
     return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, w);
     KBIT_WG_CASE(32, 1) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(128, 1) KBIT_WG_CASE(256, 1)
     KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2) KBIT_WG_CASE(256, 2)
-    if (tn == 128 && wg == kWgSharedA)
-      return launch_cfg<T, K_BITS, 128, 2, false, true>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, w);
-    if (tn == 256 && wg == kWgSharedA)
-      return launch_cfg<T, K_BITS, 256, 2, false, true>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, w);
     return cudaErrorInvalidValue;
   };
   const bool has_ws = ws.ptr != nullptr || ws.need != nullptr;

@@ -432,8 +432,7 @@ _K5_TABLES = {"auto": 0, "narrow": 1, "wide": 2}
 
 def force_wgmma_config(tn: int = 0, wg: int = 0, splits: int = 0, k5_table: str = "auto") -> None:
     """Tests and experiments: make every wgmma launch use TN tokens (32, 64, 128, 256) and WG
-    warpgroups of 64 weight rows (1, 2) per CTA (3: two warpgroups sharing one 64-row tile,
-    each on TN / 2 tokens, TN = 128 or 256), and split K over a
+    warpgroups of 64 weight rows (1, 2) per CTA, and split K over a
     cluster of `splits` CTAs (1..8; -1: stream-K, one CTA per SM, where the tiles are fewer than
     the SMs and N a multiple of the CTA's rows, else automatic); 0 = automatic. k5_table: k = 5's codebook table, "narrow"
     (64 KB, lanes share columns: 2 CTAs may share an SM), "wide" (128 KB, no bank conflicts,

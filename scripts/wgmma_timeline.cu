@@ -2,8 +2,8 @@
 // Build: nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -Icsrc -DKBIT_HAS_SM90A scripts/wgmma_timeline.cu -o wtl
 // Run on the GPU: ./wtl k M N K [TN WG splits (-1: stream-K) [k5 table: 1 narrow, 2 wide]]   (thread 0 of CTA (0, 0, 0), a consumer; clock64
 // cycles, mean over steps 2 .. KT - 3 of the time from the step's start (its copies landed) to
-// each point: 1 = A fragments decoded, 2 = the previous step's MMAs done, 3 = (SA) both
-// warpgroups' A halves stored, 4 = (negative) the wait for the step's copies began; then the mean step
+// each point: 1 = A fragments decoded, 2 = the previous step's MMAs done, 4 = (negative) the
+// wait for the step's copies began; then the mean step
 // length; points never marked are left out; then the phases of the call from kernel entry:
 // tables built, first step's copies landed, main loop done, split-K partials written, end;
 // and the call's time from events). TN WG splits force the configuration (0 = automatic).
