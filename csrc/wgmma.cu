@@ -79,8 +79,9 @@ namespace {
 #ifndef KBIT_WG_PHASE
 #define KBIT_WG_PHASE(p)
 #endif
-// Timeline hook: consumer thread 0 of every CTA at its entry (0) and when it has written its
-// share of C or published its partial (1): empty in the library.
+// Timeline hook: consumer thread 0 of every CTA at its entry (0), when it has written its
+// share of C or published its partial (1), when its last segment's MMAs are done (2) and
+// after the stream-K partial adds (3): empty in the library.
 #ifndef KBIT_WG_CTA
 #define KBIT_WG_CTA(p)
 #endif
@@ -643,6 +644,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     }
     wgmma_wait<0>();
     fence_regs(acc);
+    if (tid == 0 && q == nseg - 1) KBIT_WG_CTA(2);
     if (sk) {
       // the segment's last stage (the loop releases each step's stage one step later)
       __syncwarp();
@@ -700,6 +702,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     }
     }  // segments
     KBIT_WG_PHASE(2);
+    if (tid == 0) KBIT_WG_CTA(3);
   }
   // stream-K: a CTA that owns no tile writes no C
   if (sk && !owned(nseg - 1)) {

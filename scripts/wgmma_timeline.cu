@@ -26,7 +26,7 @@ __device__ long long kbit_phase[8];
     if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && (threadIdx.x == 0 || (p) >= 6))  \
       kbit_phase[(p)] = clock64();                                                                 \
   } while (0)
-__device__ unsigned long long kbit_cta_t[4096][2];
+__device__ unsigned long long kbit_cta_t[4096][4];
 #define KBIT_WG_CTA(p)                                                                                  \
   do {                                                                                                 \
     unsigned long long t_;                                                                             \
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
          ph[1] - ph[0], ph[6] ? ph[6] - ph[0] : 0, t[0][0] - ph[0], ph[2] - ph[0], ph[3] ? ph[3] - ph[0] : 0, ph[4] ? ph[4] - ph[0] : 0,
          ph[5] - ph[0], steps, ms * 1e3);
   // every CTA (that writes C or a partial): ns from the first CTA's entry to its end
-  static unsigned long long ct[4096][2];
+  static unsigned long long ct[4096][4];
   CK(cudaMemcpyFromSymbol(ct, kbit_cta_t, sizeof(ct)));
   std::vector<long long> ends;
   unsigned long long t0 = ~0ull;
@@ -115,5 +115,13 @@ int main(int argc, char** argv) {
   if (!ends.empty())
     printf("  CTA ends (ns from the first entry, %zu CTAs): min %lld, p25 %lld, median %lld, p75 %lld, max %lld\n",
            ends.size(), ends[0], ends[ends.size() / 4], ends[ends.size() / 2], ends[3 * ends.size() / 4], ends.back());
+  // per CTA (stream-K: owners write C, contributors only publish): entry, last MMAs done,
+  // partials added, end, ns from the first entry
+  if (getenv("WTL_CTAS") != nullptr)
+    for (int b = 0; b < 4096; b++)
+      if (ct[b][0] != 0 && ct[b][1] > t0)
+        printf("  cta %d: entry %lld mma_done %lld adds_done %lld end %lld\n", b, (long long)(ct[b][0] - t0),
+               ct[b][2] > t0 ? (long long)(ct[b][2] - t0) : -1, ct[b][3] > t0 ? (long long)(ct[b][3] - t0) : -1,
+               (long long)(ct[b][1] - t0));
   return 0;
 }
