@@ -679,16 +679,23 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
         for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;  // for the owned segment
       } else {
         // the owner: add the partials of the lower CTAs whose ranges reach into this tile
+        // (CTAs b_lo .. blockIdx.x - 1: those whose unit ranges end past the tile's start)
         const int64_t tile_start = int64_t(seg_tile[q]) * KT;
-        for (int b = int(blockIdx.x) - 1; b >= 0 && sk_units * (b + 1) / gridDim.x > tile_start; b--) {
-          if (tid == 0) {
-            unsigned f = 0;
-            do {
-              asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(sk_flags + b) : "memory");
-            } while (f == 0u);
-            sk_flags[b] = 0u;  // ready for the next call (each slot has one reader)
-          }
-          consumer_sync<kThreads>();
+        int b_lo = int(blockIdx.x);
+        while (b_lo > 0 && sk_units * b_lo / gridDim.x > tile_start) b_lo--;
+        // Every contributor's flag first (consumer thread i waits for CTA b_lo + i), then one
+        // barrier, then the partials: one flag round trip and barrier per contributor before
+        // its loads made the owners' adds take 4.0-4.4 us at down, M = 256 (~4 contributors
+        // per tile; NOTES.md v41).
+        for (int b = b_lo + tid; b < int(blockIdx.x); b += kThreads) {
+          unsigned f = 0;
+          do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(sk_flags + b) : "memory");
+          } while (f == 0u);
+          sk_flags[b] = 0u;  // ready for the next call (each slot has one reader)
+        }
+        consumer_sync<kThreads>();
+        for (int b = int(blockIdx.x) - 1; b >= b_lo; b--) {
           const float up = pow2f(__ldcg(sk_exps + size_t(b) * kThreads + tid));
           const uint4* const src = sk_parts + size_t(b) * kItems * kThreads;
 #pragma unroll
