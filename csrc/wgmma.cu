@@ -284,6 +284,24 @@ __device__ __forceinline__ int value_index(uint32_t e, int h) {
 __device__ __forceinline__ int partial_exponent(float mx) {
   return isfinite(mx) ? min(113, max(-100, int((__float_as_uint(mx) >> 23) & 0xffu) - 127 - 14)) : 0;
 }
+// max(0, |v[0]|, .., |v[R - 1]|) over 8 independent chains, combined as a tree: one chain of
+// R dependent FMNMX (R = 128 at TN = 256) took ~600 cycles of a partial tile's store. fmaxf
+// ignores a NaN operand in either order, so the result is the chain's.
+template <int R>
+__device__ __forceinline__ float abs_max(const float (&v)[R]) {
+  constexpr int kL = R < 8 ? R : 8;
+  static_assert((kL & (kL - 1)) == 0 && R % kL == 0, "chains");
+  float m[kL];
+#pragma unroll
+  for (int i = 0; i < kL; i++) m[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < R; i++) m[i % kL] = fmaxf(m[i % kL], fabsf(v[i]));
+#pragma unroll
+  for (int h = kL / 2; h > 0; h >>= 1)
+#pragma unroll
+    for (int i = 0; i < h; i++) m[i] = fmaxf(m[i], m[i + h]);
+  return m[0];
+}
 __device__ __forceinline__ float pow2f(int e) { return __uint_as_float(uint32_t(127 + e) << 23); }
 // v[0..7] += the 8 halves packed in w * up
 __device__ __forceinline__ void add_scaled_halves(float* v, const uint32_t (&w)[4], float up) {
@@ -659,10 +677,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
       int* const sk_exps = reinterpret_cast<int*>(sk_ws);
       uint4* const sk_parts = reinterpret_cast<uint4*>(sk_ws + size_t(gridDim.x) * kThreads * 4);
       if (!owned(q)) {
-        float mx = 0.f;
-#pragma unroll
-        for (int i = 0; i < TN / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
-        const int ex = partial_exponent(mx);
+        const int ex = partial_exponent(abs_max(acc));
         const float down = pow2f(-ex);
         uint4* const dst = sk_parts + size_t(blockIdx.x) * kItems * kThreads;
 #pragma unroll
@@ -781,9 +796,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   static_assert(TN * kRedStrideH * 2 + 16 + 4 * 8 <= S::red_bytes, "the reduction space holds the half tile");
   if (!producer) {
     consumer_sync<kThreads>();  // the tile overlays stages and the table other warps may still read
-    float mx = 0.f;
-#pragma unroll
-    for (int i = 0; i < TN / 2; i++) mx = fmaxf(mx, fabsf(acc[i]));
+    float mx = abs_max(acc);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float* const warp_max = reinterpret_cast<float*>(gen + red_exp + 16);
