@@ -388,6 +388,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   const int n0 = (seg_tile[nseg - 1] % rtiles) * S::rows, m0 = (seg_tile[nseg - 1] / rtiles) * TN;
   const int kt0 = seg_k0[0], steps = seg_steps[0];
   const int esize = absmax_bytes(fmt);
+  const uint32_t esize_mask = esize == 4 ? 0xFFFFFFFFu : (1u << (8 * esize)) - 1u;  // an absmax's bits
   const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages, stored = lay.bars + 16 * stages;
   // Stream-K contributor (its first segment): the producer thread publishes the partial (fence
   // + flag) once every consumer warp has arrived on `stored`, after it has issued the next
@@ -585,7 +586,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
           // them (esize 1, 2 or 4 bytes at blk * esize never straddles one), shifted and masked
           const uint32_t at = uint32_t(blk * esize);
           const uint32_t word = *reinterpret_cast<const uint32_t*>(pa + (at & ~3u));
-          sbits[rr][b] = (word >> ((at & 3u) * 8)) & (esize == 4 ? 0xFFFFFFFFu : (1u << (8 * esize)) - 1u);
+          sbits[rr][b] = (word >> ((at & 3u) * 8)) & esize_mask;
         }
       }
       uint32_t s2[2][2];
