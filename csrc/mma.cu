@@ -1120,6 +1120,15 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
     size_t smem = smem_bytes<T, K_BITS>(M, sps, rg, dev.smem_reserved, 0, 0, wide);
     while (smem > size_t(dev.smem_optin) && rg > 1) smem = smem_bytes<T, K_BITS>(M, sps, --rg, dev.smem_reserved, 0, 0, wide);
     if (smem > size_t(dev.smem_optin)) continue;
+    // More than one wave: the fewest row groups per CTA that still need that many waves, so
+    // that the last wave is not a few CTAs doing a whole CTA's work while the others idle
+    // (8192 x 28672 at M = 16, S = 2, k = 4: rg 28 -> 23 for the accumulator gave 156 CTAs on
+    // 132 SMs, 99.8 us, against k = 3's 128 CTAs in one wave, 63.1 us; NOTES.md v42).
+    const int64_t rg_waves = ceil_div(ceil_div(groups, int64_t(rg)), int64_t(per_wave));
+    if (rg_waves > 1) {
+      rg = int(ceil_div(groups, rg_waves * per_wave));
+      smem = smem_bytes<T, K_BITS>(M, sps, rg, dev.smem_reserved, 0, 0, wide);
+    }
     Plan p;
     p.S = S;
     p.sps = sps;

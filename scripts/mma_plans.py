@@ -8,11 +8,11 @@ import torch
 from kbit import _lib, ops
 from kbit.bench import MODEL_SHAPES
 
-ms = [int(m) for m in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 4, 8, 12, 16, 24, 32, 48, 64]
+ms = [int(m) for m in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 2, 4, 5, 8, 12, 16, 17, 24, 32, 33, 48, 64]
 dev = torch.cuda.current_device()
 print("| shape | k | " + " | ".join(f"M={m}" for m in ms) + " |  (S, workspace KB)")
 for name, (kdim, n) in MODEL_SHAPES.items():
-    for k in (2, 4, 5):
+    for k in (2, 3, 4, 5):
         cells = []
         for m in ms:
             s = ops.mma_ksplit(m, kdim, n, k, "cuda")

@@ -257,6 +257,29 @@ def test_mma_split_k(k, rng):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("k", [2, 4])
+def test_mma_multi_wave_plan(k, rng):
+    """A plan that needs two waves of CTAs: 28672 x 8192 at M = 16 (K split over 2 or 4 CTAs,
+    x 64-128 KB per CTA, so the accumulators of one wave's row groups do not fit; csrc/mma.cu's
+    plan_of then spreads the row groups evenly over both waves), through the automatic plan,
+    fp16, NaN-poisoned output, twice (the workspace must be left zero). The reference is
+    computed on the GPU (235 M weights). Same bound as test_mma_small_m."""
+    n, kdim, m = 28672, 8192, 16
+    gen = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    w = torch.randn(n, kdim, generator=gen, device="cuda") * 0.02
+    q = kbit.repack(kbit.quantize(w, k=k))
+    del w
+    wd = ref.dequantize(q.packed, q.absmax, q.codebook, q.shape, q.layout, q.absmax_exponent, torch.float32)
+    assert ops.mma_ksplit(m, kdim, n, k, "cuda") > 1
+    for _ in range(2):
+        x = torch.randn(m, kdim, generator=gen, device="cuda").to(torch.float16)
+        out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+        ops.mma_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, None, out)
+        err = _rel_err(out, ref.linear(x, wd, None))
+        assert err <= TOL[torch.float16], (k, err)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_mma_model_shapes_large_m(rng):
     """The model shapes at M = 16 (down: only with split-K) and 64 through the automatic plan,
     where the library says mma takes them (k = 4, fp16)."""
