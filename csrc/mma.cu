@@ -30,7 +30,8 @@
 //
 // Work split: one CTA of 16 warps (8 where a CTA has few items: kFewWarps) per SM (the codebook
 // table and staged x are built once per SM); a CTA owns RG groups of 16 rows over all of K (RG
-// = the fewest row groups per CTA that cover the rows in one wave). Two ways to feed it (see
+// = the fewest row groups per CTA that cover the rows in one wave, or spread evenly over two or
+// more waves where the accumulator does not fit). Two ways to feed it (see
 // mma_kernel): a register ring per warp (the warps share the CTA's RG * steps items, "item" =
 // one warp step, in contiguous runs), or for RG >= 6 a ring of shared-memory stages filled by
 // bulk asynchronous copies. Warps hand their fp32 results to shared memory when their row
@@ -1076,7 +1077,8 @@ inline int forced_few_warps() {
 // How a call runs: S K-slices (1 = no split), `sps` steps per slice, rg row groups per CTA,
 // `ctas` CTAs per slice, and its shared memory (0: the call is not handled: M out of range,
 // or x / the accumulator do not fit). rg is the fewest row groups that cover the rows in one
-// wave of CTAs (one per SM), fewer (more waves) if the accumulator does not fit then. Which S:
+// wave of CTAs (one per SM); where the accumulator does not fit then, the fewest that need the
+// waves the largest fitting rg needs (the row groups spread evenly over them). Which S:
 // - M <= 16: the smallest S whose CTA stages <= kSplitXBytes of x, or whose weights are >= 3x
 //   its x. Staging x is bound by L2 -> SM bandwidth (every CTA reads its slice of x whole) and
 //   each split costs the wait for the partial sums. Measured (H200, NOTES.md

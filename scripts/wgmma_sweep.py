@@ -1,6 +1,7 @@
 """kbit::wgmma per forced configuration (tokens TN, warpgroups WG, K splits) against dequantize +
 cuBLAS and fp16 cuBLAS, cold, CUDA-graph timed (device machine).
-Usage: python scripts/wgmma_sweep.py [k] [M,M,...] [TN.WG.S[.T],... | auto]  (T: k = 5 table, 1 narrow, 2 wide;
+Usage: python scripts/wgmma_sweep.py [k] [M,M,...] [TN.WG.S[.T],... | auto] [shape,shape,..]
+(shapes: the dense ones by default, "big" = 8192 x 28672; T: k = 5 table, 1 narrow, 2 wide;
 S = -1: stream-K). The first two columns are automatic without and with stream-K."""
 import sys
 
@@ -8,12 +9,13 @@ import torch
 
 import kbit
 from kbit import ops
-from kbit.bench.linear_suite import DENSE
+from kbit.bench.linear_suite import DENSE, EXTRA
 from kbit.bench.timing import copies_for_cold, graph_time_us
 
 k = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 ms = [int(m) for m in (sys.argv[2] if len(sys.argv) > 2 else "16,64,256").split(",")]
 forced = sys.argv[3] if len(sys.argv) > 3 else "64.1.1,64.1.4,128.1.1,256.1.1,128.2.1"
+shapes = sys.argv[4].split(",") if len(sys.argv) > 4 else list(DENSE)
 configs = [(0, 0, 0, "nosk"), (0, 0, 0)] + ([] if forced == "auto" else [tuple(int(v) for v in c.split(".")) for c in forced.split(",")])
 # one stream-K workspace for every call, captured ones included (the sweep runs one call at a time)
 # (the most any call takes: flags, then per SM 256 exponents and a 128 x 256 fp16 tile)
@@ -21,8 +23,8 @@ sms = torch.cuda.get_device_properties(0).multi_processor_count
 ops.use_wgmma_workspace(torch.zeros(ops._FLAG_BYTES + sms * (256 * 4 + 128 * 256 * 2), dtype=torch.uint8, device="cuda"))
 print("us per call (cold, graph); config = TN.WG.S, 0.0.0 = automatic")
 print(f"{'shape':7} {'M':>5} {'fp16':>7} {'dq+cuB':>7} " + " ".join(f"{'.'.join(map(str, c)):>9}" for c in configs).replace("0.0.0.nosk", " auto-noSK"))
-for name in ("gateup", "down", "Q", "O", "KV"):
-    K, N = DENSE[name]
+for name in shapes:
+    K, N = (DENSE | EXTRA)[name]
     w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
     q = kbit.repack(kbit.quantize(w, k=k))
     packs = [(q.packed.clone(), q.absmax.clone()) for _ in range(copies_for_cold(q.packed.numel() * 4))]
