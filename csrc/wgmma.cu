@@ -1095,6 +1095,43 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   const bool sk_fits = N % (kWgRows * WG) == 0 && tiles < sms && tiles * kt >= 2 * sms && sms <= kFlagBytes / 4 &&
                        (ws.need != nullptr || (ws.ptr != nullptr && ws.bytes >= streamk_bytes(sms, kWgRows * WG, TN)));
   const int64_t sk_overhead = streamk_overhead() * (kWgRows * WG * TN > 16384 ? kWgRows * WG * TN / 16384 : 1);
+  // k = 5: the wide table's solo layout, once per device (its stages; -1: none fit).
+  [[maybe_unused]] int wide5_stages = -1;
+  if constexpr (K_BITS == 5 && !W5) {
+    static int wide_stages[64] = {};
+    if (wide_stages[device] == 0) {
+      uint32_t wide_bytes = 0;
+      const int st = stages_for<T, K_BITS, TN, WG, true>(device, false, wide_bytes);
+      wide_stages[device] = st > 0 ? st : -1;
+    }
+    wide5_stages = wide_stages[device];
+    // Two CTAs per SM (shared) read the narrow table, whose columns lanes L and L + 16 share
+    // (2-way bank conflicts); a solo CTA takes the wide one (none) where it leaves enough
+    // stages. Measured (H100, NOTES.md v42, M = 17..64): where the tiles are fewer than the
+    // SMs (the second CTA per SM comes from the K split) the shared plan was no faster per SM
+    // than solo (Q M = 64: shared, 4 splits 10.6 us; solo, 2 splits 9.6; gateup M = 64: shared,
+    // 3 splits 13.2; stream-K 11.6), so there at k = 5 its cost counts double against the
+    // solo plan and stream-K (which then run with the wide table: below). With more tiles
+    // than SMs two CTAs per SM pay (28672 x 8192 at M = 48: shared 128 us, solo 176).
+    if (!solo && tiles < sms && forced_splits == 0 && !sk_forced && forced_table() == 0 && plan_cost >= 0 &&
+        wide5_stages >= KBIT_WG_WIDE5_MIN_STAGES) {
+      const int64_t shared_cost = 2 * plan_cost;
+      uint32_t solo_smem = 0;
+      int solo_splits = 1;
+      const int solo_stages = plan(false, solo_smem, solo_splits);
+      int64_t alt = solo_stages > 0 ? plan_cost : -1;
+      if (solo_stages > 0 && sk_fits && (alt < 0 || ceil_div(tiles * kt, sms) + sk_overhead < alt))
+        alt = ceil_div(tiles * kt, sms) + sk_overhead;
+      if (alt >= 0 && alt <= shared_cost) {
+        solo = true;
+        stages = solo_stages;
+        smem = solo_smem;
+        splits = solo_splits;
+      } else {
+        stages = plan(true, smem, splits);  // back to the shared plan (and its cost)
+      }
+    }
+  }
   const bool want_sk = sk_fits && (sk_forced || (forced_splits == 0 && solo && plan_cost >= 0 &&
                                                  ceil_div(tiles * kt, sms) + sk_overhead < plan_cost));
   if (want_sk) {
@@ -1104,14 +1141,8 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   }
   if constexpr (K_BITS == 5 && !W5) {
     // solo at k = 5: the wide table (no bank conflicts) where it leaves enough stages
-    static int wide_stages[64] = {};  // its solo layout's stages, once per device (-1: none fit)
-    if (wide_stages[device] == 0) {
-      uint32_t wide_bytes = 0;
-      const int st = stages_for<T, K_BITS, TN, WG, true>(device, false, wide_bytes);
-      wide_stages[device] = st > 0 ? st : -1;
-    }
     const int ft = forced_table();
-    if (ft != 1 && (solo || ft == 2) && wide_stages[device] >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
+    if (ft != 1 && (solo || ft == 2) && wide5_stages >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
       return launch_cfg<T, K_BITS, TN, WG, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
                                                  sk_forced ? -1 : forced_splits, exponent, bias, out, ldo, ws);
   }
