@@ -1086,6 +1086,11 @@ inline int forced_few_warps() {
 //   per CTA gained 0.2-1.3 us per call, below 40 KB a split lost 0.1-0.7; the 8192 x 28672
 //   weight (458-1146 KB of weights per CTA) gained nothing from a split at M = 8, and at M =
 //   16, k = 2 (3.6x) S = 2 was 8 us faster than S = 4.
+//   At M = 9..16 (two token tiles) the unsplit plan also takes up to kSplitXBytesNT2 of x where
+//   each CTA has >= 2 row groups, and never runs with 1 row group per CTA (forced-S sweeps of
+//   session 34, H100 and H200, NOTES.md v43: Q at M = 12..16 was 0.1-0.5 us faster unsplit,
+//   with 48-64 KB of x per CTA; KV, 32 one-row-group CTAs unsplit, was 0.1-0.4 us faster with
+//   S = 2 at M = 9..16, also below 40 KB; gateup, 3 row groups, within 0.1-0.3 either way).
 // - M > 16: the S with the fewest bytes of staged x + accumulator + partial sums a slice
 //   reads, per CTA, times waves (a model: the cluster-split sweep of NOTES.md v8 tuned it
 //   without the last term).
@@ -1098,6 +1103,7 @@ struct Plan {
   size_t smem = 0, ws_bytes = 0;  // ws_bytes: the workspace the split needs
 };
 constexpr size_t kSplitXBytes = 40 * 1024;
+constexpr size_t kSplitXBytesNT2 = 64 * 1024;
 template <typename T, int K_BITS>
 Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split) {
   Plan best;
@@ -1142,7 +1148,15 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
     if (forced > 0) return p;
     if (M <= 16) {
       const size_t w_bytes = size_t(rg) * kRows * sps * kStepK * K_BITS / 8;
-      if (x_bytes <= kSplitXBytes || w_bytes >= 3 * x_bytes) return p;
+      if (w_bytes >= 3 * x_bytes) return p;
+      if (S == 1 && M > 8) {
+        if (rg >= 2 && x_bytes <= kSplitXBytesNT2) return p;
+        if (rg < 2) {  // one row group per CTA: split (below, or the largest S that fits)
+          best = p;
+          continue;
+        }
+      }
+      if (x_bytes <= kSplitXBytes) return p;
       best = p;  // none qualifies: the largest S that fits
       continue;
     }
