@@ -159,7 +159,7 @@ __host__ __device__ inline RsLayout rs_layout(uint32_t win, uint32_t stage_bytes
   const uint32_t e = max(l.stages0 + uint32_t(stages) * stage_bytes, l.red + red_bytes);
   l.scales = e;
   l.bars = e + kScalePairBytes;
-  l.end = l.bars + 16 * stages + 8;  // + stream-K's "partial stored" mbarrier
+  l.end = l.bars + 16 * stages + 16;  // + stream-K's "partial stored" and "partials loaded" mbarriers
   return l;
 }
 
@@ -389,7 +389,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   const int kt0 = seg_k0[0], steps = seg_steps[0];
   const int esize = absmax_bytes(fmt);
   const uint32_t esize_mask = esize == 4 ? 0xFFFFFFFFu : (1u << (8 * esize)) - 1u;  // an absmax's bits
-  const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages, stored = lay.bars + 16 * stages;
+  const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages, stored = lay.bars + 16 * stages,
+                 loaded = stored + 8;
   // Stream-K contributor (its first segment): the producer thread publishes the partial (fence
   // + flag) once every consumer warp has arrived on `stored`, after it has issued the next
   // segment's first `stages` steps (or at its end), so that the consumers never wait for the
@@ -417,6 +418,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
       mbar_init(empty0 + 8 * st, WG * 4);  // one arrival per consumer warp
     }
     mbar_init(stored, WG * 4);
+    mbar_init(loaded, 1);  // stream-K owner: a batch of partials in shared memory
     mbar_fence_init();
     prefetch_tensormap(&x_map);
     if (pdl >= 2)
@@ -710,15 +712,42 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
           } while (f == 0u);
           sk_flags[b] = 0u;  // ready for the next call (each slot has one reader)
         }
+        // The partials come into shared memory by bulk copies, as many contributors at once as
+        // fit the dead table and stages (consecutive CTAs' partials and exponents are each one
+        // contiguous range): one round trip per batch instead of one per contributor (16
+        // 16-byte loads per thread each). The table's and stages' last generic reads are ordered
+        // before the copies' writes by each thread's proxy fence and the barrier.
+        fence_proxy_async();
         consumer_sync<kThreads>();
-        for (int b = int(blockIdx.x) - 1; b >= b_lo; b--) {
-          const float up = pow2f(__ldcg(sk_exps + size_t(b) * kThreads + tid));
-          const uint4* const src = sk_parts + size_t(b) * kItems * kThreads;
+        constexpr uint32_t kPartBytes = uint32_t(kItems) * kThreads * 16, kExpBytes = kThreads * 4;
+        const int per_batch = int((lay.scales - lay.red) / (kPartBytes + kExpBytes));
+        uint32_t ld_phase = 0;
+        for (int b_hi = int(blockIdx.x) - 1; b_hi >= b_lo; b_hi -= per_batch) {
+          const int nb = min(per_batch, b_hi - b_lo + 1), b_first = b_hi - nb + 1;  // CTAs b_first .. b_hi
+          if (tid == 0) {
+            asm volatile("fence.proxy.async.global;" ::: "memory");  // the flags' acquire, then async-proxy reads
+            mbar_expect_tx(loaded, uint32_t(nb) * (kPartBytes + kExpBytes));
+            bulk_copy(lay.red, sk_parts + size_t(b_first) * kItems * kThreads, uint32_t(nb) * kPartBytes, loaded);
+            bulk_copy(lay.red + uint32_t(nb) * kPartBytes, sk_exps + size_t(b_first) * kThreads,
+                      uint32_t(nb) * kExpBytes, loaded);
+          }
+          mbar_wait(loaded, ld_phase);
+          ld_phase ^= 1u;
+          for (int b = b_hi; b >= b_first; b--) {  // the order of the partials' adds: b descending
+            const uint32_t j = uint32_t(b - b_first);
+            const float up = pow2f(*reinterpret_cast<const int*>(gen + lay.red + uint32_t(nb) * kPartBytes +
+                                                                 j * kExpBytes + uint32_t(tid) * 4));
+            const uint32_t src = lay.red + j * kPartBytes + uint32_t(tid) * 16;
 #pragma unroll
-          for (int i = 0; i < kItems; i++) {
-            const uint4 v = __ldcg(src + i * kThreads + tid);
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-            add_scaled_halves(acc + 8 * i, w, up);
+            for (int i = 0; i < kItems; i++) {
+              const uint4 v = *reinterpret_cast<const uint4*>(gen + src + uint32_t(i) * kThreads * 16);
+              const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+              add_scaled_halves(acc + 8 * i, w, up);
+            }
+          }
+          if (b_first > b_lo) {  // another batch overwrites this one: every thread's reads first
+            fence_proxy_async();
+            consumer_sync<kThreads>();
           }
         }
       }
@@ -1115,7 +1144,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     // than SMs two CTAs per SM pay (28672 x 8192 at M = 48: shared 128 us, solo 176).
     if (!solo && tiles < sms && forced_splits == 0 && !sk_forced && forced_table() == 0 && plan_cost >= 0 &&
         wide5_stages >= KBIT_WG_WIDE5_MIN_STAGES) {
-      const int64_t shared_cost = 2 * plan_cost;
+      const int64_t shared_plan_cost = plan_cost, shared_cost = 2 * plan_cost;
       uint32_t solo_smem = 0;
       int solo_splits = 1;
       const int solo_stages = plan(false, solo_smem, solo_splits);
@@ -1128,7 +1157,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
         smem = solo_smem;
         splits = solo_splits;
       } else {
-        stages = plan(true, smem, splits);  // back to the shared plan (and its cost)
+        plan_cost = shared_plan_cost;  // the shared plan stays (plan(false) above replaced its cost)
       }
     }
   }
