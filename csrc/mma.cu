@@ -1090,7 +1090,8 @@ inline int forced_few_warps() {
 //   each CTA has >= 2 row groups, and never runs with 1 row group per CTA (forced-S sweeps of
 //   session 34, H100 and H200, NOTES.md v43: Q at M = 12..16 was 0.1-0.5 us faster unsplit,
 //   with 48-64 KB of x per CTA; KV, 32 one-row-group CTAs unsplit, was 0.1-0.4 us faster with
-//   S = 2 at M = 9..16, also below 40 KB; gateup, 3 row groups, within 0.1-0.3 either way).
+//   S = 2 at M = 9..16, also below 40 KB (down to 36 KB at M = 9; at <= kSplitXBytesOneRg,
+//   not measured, the 40 KB rule stands); gateup, 3 row groups, within 0.1-0.3 either way).
 // - M > 16: the S with the fewest bytes of staged x + accumulator + partial sums a slice
 //   reads, per CTA, times waves (a model: the cluster-split sweep of NOTES.md v8 tuned it
 //   without the last term).
@@ -1104,6 +1105,7 @@ struct Plan {
 };
 constexpr size_t kSplitXBytes = 40 * 1024;
 constexpr size_t kSplitXBytesNT2 = 64 * 1024;
+constexpr size_t kSplitXBytesOneRg = 32 * 1024;  // (measured down to 36 KB: KV at M = 9)
 template <typename T, int K_BITS>
 Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split) {
   Plan best;
@@ -1151,7 +1153,7 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
       if (w_bytes >= 3 * x_bytes) return p;
       if (S == 1 && M > 8) {
         if (rg >= 2 && x_bytes <= kSplitXBytesNT2) return p;
-        if (rg < 2) {  // one row group per CTA: split (below, or the largest S that fits)
+        if (rg < 2 && x_bytes > kSplitXBytesOneRg) {  // one row group per CTA: split (below, or the largest S that fits)
           best = p;
           continue;
         }

@@ -712,6 +712,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
           } while (f == 0u);
           sk_flags[b] = 0u;  // ready for the next call (each slot has one reader)
         }
+        // (the flags' acquire before the async-proxy reads of the partials below)
+        KBIT_WGMMA_ASM("fence.proxy.async.global;" ::: "memory");
         // The partials come into shared memory by bulk copies, as many contributors at once as
         // fit the dead table and stages (consecutive CTAs' partials and exponents are each one
         // contiguous range): one round trip per batch instead of one per contributor (16
@@ -720,12 +722,13 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
         fence_proxy_async();
         consumer_sync<kThreads>();
         constexpr uint32_t kPartBytes = uint32_t(kItems) * kThreads * 16, kExpBytes = kThreads * 4;
+        // [lay.red, lay.scales) holds the reduction tile at least: one contributor per batch
+        static_assert(S::red_bytes >= kPartBytes + kExpBytes, "a batch holds one contributor");
         const int per_batch = int((lay.scales - lay.red) / (kPartBytes + kExpBytes));
         uint32_t ld_phase = 0;
         for (int b_hi = int(blockIdx.x) - 1; b_hi >= b_lo; b_hi -= per_batch) {
           const int nb = min(per_batch, b_hi - b_lo + 1), b_first = b_hi - nb + 1;  // CTAs b_first .. b_hi
           if (tid == 0) {
-            asm volatile("fence.proxy.async.global;" ::: "memory");  // the flags' acquire, then async-proxy reads
             mbar_expect_tx(loaded, uint32_t(nb) * (kPartBytes + kExpBytes));
             bulk_copy(lay.red, sk_parts + size_t(b_first) * kItems * kThreads, uint32_t(nb) * kPartBytes, loaded);
             bulk_copy(lay.red + uint32_t(nb) * kPartBytes, sk_exps + size_t(b_first) * kThreads,
