@@ -169,6 +169,9 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void fence_proxy_async() {
   KBIT_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 }
+__device__ __forceinline__ void fence_proxy_async_global() {
+  KBIT_WGMMA_ASM("fence.proxy.async.global;" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_fence() { KBIT_WGMMA_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { KBIT_WGMMA_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -713,7 +716,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
           sk_flags[b] = 0u;  // ready for the next call (each slot has one reader)
         }
         // (the flags' acquire before the async-proxy reads of the partials below)
-        KBIT_WGMMA_ASM("fence.proxy.async.global;" ::: "memory");
+        fence_proxy_async_global();
         // The partials come into shared memory by bulk copies, as many contributors at once as
         // fit the dead table and stages (consecutive CTAs' partials and exponents are each one
         // contiguous range): one round trip per batch instead of one per contributor (16
@@ -1085,8 +1088,9 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   const bool sk_forced = splits == -1;  // stream-K asked for (used where it applies)
   const int forced_splits = sk_forced ? 0 : splits;
   const int64_t kt = ceil_div(K, kStepK);
-  int64_t plan_cost = -1;  // of the last plan: waves x (steps per CTA + kSplitOverhead)
-  auto plan = [&](bool shared, uint32_t& smem, int& sp_out) -> int {
+  int64_t plan_cost = -1;  // of the chosen plan: waves x (steps per CTA + kSplitOverhead)
+  // A layout's stages, its bytes, K splits and (unforced splits) cost.
+  auto plan = [&](bool shared, uint32_t& smem, int& sp_out, int64_t& cost) -> int {
     const int stages = plan_stages[shared][device];
     if (stages == 0) return 0;
     smem = plan_bytes[shared][device];
@@ -1102,20 +1106,20 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
           f = n > 0 ? n : -1;
         }
         if (f < 0) continue;
-        const int64_t cost = ceil_div(tiles, f) * (ceil_div(kt, sp) + kSplitOverhead);
-        if (best < 0 || cost < best) {
-          best = cost;
+        const int64_t c = ceil_div(tiles, f) * (ceil_div(kt, sp) + kSplitOverhead);
+        if (best < 0 || c < best) {
+          best = c;
           sp_out = sp;
         }
       }
-      plan_cost = best;
+      cost = best;
     }
     return stages;
   };
   uint32_t smem = 0;
-  int stages = plan(true, smem, splits);
+  int stages = plan(true, smem, splits, plan_cost);
   bool solo = stages == 0 || tiles * splits <= sms;
-  if (solo) stages = plan(false, smem, splits);
+  if (solo) stages = plan(false, smem, splits, plan_cost);
   // Stream-K: one CTA per SM deals the tiles' k-steps evenly (kernel comment), where the tiles
   // are fewer than the SMs (a CTA then holds at most the tail of one tile and the head of the
   // next), every tile has all its rows and the workspace holds the partials; forced (splits
@@ -1147,11 +1151,12 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     // than SMs two CTAs per SM pay (28672 x 8192 at M = 48: shared 128 us, solo 176).
     if (!solo && tiles < sms && forced_splits == 0 && !sk_forced && forced_table() == 0 && plan_cost >= 0 &&
         wide5_stages >= KBIT_WG_WIDE5_MIN_STAGES) {
-      const int64_t shared_plan_cost = plan_cost, shared_cost = 2 * plan_cost;
+      const int64_t shared_cost = 2 * plan_cost;
       uint32_t solo_smem = 0;
       int solo_splits = 1;
-      const int solo_stages = plan(false, solo_smem, solo_splits);
-      int64_t alt = solo_stages > 0 ? plan_cost : -1;
+      int64_t solo_cost = -1;
+      const int solo_stages = plan(false, solo_smem, solo_splits, solo_cost);
+      int64_t alt = solo_stages > 0 ? solo_cost : -1;
       if (solo_stages > 0 && sk_fits && (alt < 0 || ceil_div(tiles * kt, sms) + sk_overhead < alt))
         alt = ceil_div(tiles * kt, sms) + sk_overhead;
       if (alt >= 0 && alt <= shared_cost) {
@@ -1159,8 +1164,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
         stages = solo_stages;
         smem = solo_smem;
         splits = solo_splits;
-      } else {
-        plan_cost = shared_plan_cost;  // the shared plan stays (plan(false) above replaced its cost)
+        plan_cost = solo_cost;
       }
     }
   }
@@ -1168,7 +1172,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
                                                  ceil_div(tiles * kt, sms) + sk_overhead < plan_cost));
   if (want_sk) {
     solo = true;
-    stages = plan(false, smem, splits);
+    stages = plan(false, smem, splits, plan_cost);
     splits = 1;
   }
   if constexpr (K_BITS == 5 && !W5) {
