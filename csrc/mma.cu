@@ -1092,9 +1092,14 @@ inline int forced_few_warps() {
 //   with 48-64 KB of x per CTA; KV, 32 one-row-group CTAs unsplit, was 0.1-0.4 us faster with
 //   S = 2 at M = 9..16, also below 40 KB (down to 36 KB at M = 9; at <= kSplitXBytesOneRg,
 //   not measured, the 40 KB rule stands); gateup, 3 row groups, within 0.1-0.3 either way).
-// - M > 16: the S with the fewest bytes of staged x + accumulator + partial sums a slice
-//   reads, per CTA, times waves (a model: the cluster-split sweep of NOTES.md v8 tuned it
-//   without the last term).
+// - M > 16: the S with the fewest bytes of staged x + accumulator + 4 x the partial sums a
+//   slice reads, per CTA, times waves (a model: the cluster-split sweep of NOTES.md v8 tuned it
+//   without the last term). The partial sums weigh 4x: they go out and come back through L2
+//   after the main loop, behind a flag (x staging overlaps the weights' stream). Forced-S
+//   sweeps at M = 24..64 (session 34, H100, 5 shapes x k = 2, 4, 5; NOTES.md v44): with
+//   weight 1 the model split twice as far as the fastest S at M = 24 (gateup k = 4 S = 4 9.70
+//   us vs S = 2 8.87; O S = 8 9.22 vs S = 4 7.79) and lost 26 us over the 60 cases against
+//   the best forced S; with weight 4 it loses none where mma is faster than wgmma.
 // The partial sums are added by the last slice alone (owners = 1) where S = 2 and M <= 16,
 // else by all S slices, each for 1 / S of the outputs (H200, v36: the last slice alone was
 // 0.1-0.5 us faster per call at S = 2, M <= 16, and up to 10 us slower at S = 8, M = 64).
@@ -1106,6 +1111,7 @@ struct Plan {
 constexpr size_t kSplitXBytes = 40 * 1024;
 constexpr size_t kSplitXBytesNT2 = 64 * 1024;
 constexpr size_t kSplitXBytesOneRg = 32 * 1024;  // (measured down to 36 KB: KV at M = 9)
+constexpr size_t kPartialsWeight = 4;  // M > 16: a byte of partial sums against one of staged x
 template <typename T, int K_BITS>
 Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split) {
   Plan best;
@@ -1164,7 +1170,7 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
     }
     const size_t waves = size_t(ceil_div(p.ctas, per_wave));
     const size_t partials = size_t(S - 1) * rg * M * kRows * sizeof(float) / S;  // a slice reads
-    const size_t cost = waves * (x_bytes + size_t(rg) * M * kAccStride * sizeof(float) + partials);
+    const size_t cost = waves * (x_bytes + size_t(rg) * M * kAccStride * sizeof(float) + kPartialsWeight * partials);
     if (best.smem == 0 || cost < best_cost) {
       best = p;
       best_cost = cost;
