@@ -394,9 +394,13 @@ struct Divs {
 // `base`): the table; "small" = [E4M4 scales][zero row][accumulator: `acc` tiles of M x
 // kAccStride floats][2 S mbarriers]; the staged
 // x rows; (bulk) S stages, 128-byte aligned, last. The wide k = 5 table (kWide5) starts at the
-// window's kWideAt, everything else behind it. Any other table starts at the first 64 KB boundary of the shared window; small and as many x rows
-// as fit go in front of it, the other x rows behind it (if small does not fit in front,
-// everything goes behind).
+// window's kWideAt, everything else behind it. Any other table starts at the first 64 KB
+// boundary of the shared window; small and as many x rows as fit go in front of it, the other
+// x rows behind it. If small does not fit in front (the slot flush's 2 W tiles at M >= 25,
+// NT = 4), as many x rows as fit go in front and small behind the table, then the other x
+// rows: it used to put everything behind, leaving the 63 KB in front empty, so that the slots
+// did not fit at M = 25..32 and those calls fell back to the flush's atomics (gateup, M = 24 ->
+// 28, S = 2: 8.7 -> 10.3 us, H200; NOTES.md v44).
 struct Layout {
   size_t table, small, x_front, x_back, stages, end;
   int rows_front;  // x rows in front of the table (rows >= this one live at x_back)
@@ -418,8 +422,9 @@ __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int acc, i
     l.x_back = table_end;
   } else {
     l.small = table_end;
-    l.x_front = l.x_back = table_end + small;
-    l.rows_front = 0;
+    l.x_front = 0;
+    l.rows_front = wide ? 0 : min(M, int(uint32_t(l.table) / uint32_t(row)));
+    l.x_back = table_end + small;
   }
   const size_t used = max(table_end, l.x_back + (M - l.rows_front) * row);
   l.stages = n_stages > 0 ? ((base + used + 127) & ~size_t(127)) - base : used;
