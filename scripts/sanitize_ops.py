@@ -68,6 +68,14 @@ for k in (3, 5):
                         ops.mma(torch.randn(m, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook,
                                 n, kdim, t.absmax_exponent)
         ops.force_mma_ksplit(0)
+# mma at M = 28 and 56 on model shapes: the slot flush's tiles behind the table, x rows in
+# front of it (gateup with a 2-way split, KV with 8)
+for k in (2, 4):
+    for n, kdim in ((5120, 2048), (512, 2048)):
+        t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
+        for m in (28, 56):
+            ops.mma(torch.randn(m, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook, n, kdim,
+                    t.absmax_exponent)
 # wgmma (compute capability 9.0): every tile width and warpgroup count, split-K clusters (3: a
 # split with fewer steps), rows past N (200), a half last k-tile (K = 4128), tokens past the
 # CTA's tile, every k and absmax format, k = 5's two codebook tables

@@ -281,13 +281,14 @@ def test_mma_multi_wave_plan(k, rng):
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_mma_model_shapes_large_m(rng):
-    """The model shapes at M = 16 (down: only with split-K) and 64 through the automatic plan,
-    where the library says mma takes them (k = 4, fp16)."""
+    """The model shapes at M = 16 (down: only with split-K), 28 (the slot flush's tiles behind
+    the table, x rows in front of it) and 48, 64 through the automatic plan, where the library
+    says mma takes them (k = 4, fp16)."""
     for kdim, n in [(2048, 5120), (5120, 2048), (2048, 512)]:
         q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=4))
         w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
                            q.absmax_exponent, torch.float32)
-        for m in (16, 48, 64):
+        for m in (16, 28, 48, 64):
             assert ops.mma_supports(m, kdim, n, 4, "cuda"), (kdim, n, m)
             x = torch.randn(m, kdim, generator=rng).to(torch.float16).cuda()
             out = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
