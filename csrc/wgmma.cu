@@ -65,8 +65,8 @@ namespace kbit {
 namespace {
 
 // Timing probes for experiments only (wrong results): KBIT_WG_PROBE bit 0 skips the decode,
-// bit 1 the wgmmas, bit 2 the weight copies, bit 3 the x copies (scripts/build_variant.sh
-// -DKBIT_WG_PROBE=...).
+// bit 1 the wgmmas, bit 2 the weight copies, bit 3 the x copies, bit 4 the unsplit epilogue's
+// global stores of C, bit 5 that whole epilogue (scripts/build_variant.sh -DKBIT_WG_PROBE=...).
 #ifndef KBIT_WG_PROBE
 #define KBIT_WG_PROBE 0
 #endif
@@ -772,7 +772,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   const int r0 = wg * kWgRows + warp * 16 + g;
   const bool vec_out = (reinterpret_cast<uintptr_t>(out) % 16 == 0) && ldo % 8 == 0;  // 16-byte stores
   if (splits == 1) {
-    if (producer) return;
+    if (producer || (KBIT_WG_PROBE & 32)) return;
     // C through shared memory, transposed by stmatrix: each warp writes its 16 rows x TN
     // tokens as token rows of 16 values (T) into its own part of the reduction tile's space,
     // then stores 8 rows of one token with one 16-byte store. Per-element 2-byte stores
@@ -802,7 +802,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     }
     __syncwarp();
 #pragma unroll 4
-    for (int u = lane; u < TN * 2; u += 32) {
+    for (int u = lane; u < ((KBIT_WG_PROBE & 16) ? 0 : TN * 2); u += 32) {
       const int t = u >> 1, half = u & 1;
       const int tok = m0 + t, n = nw + 8 * half;
       if (tok >= M || n >= N) continue;  // N % 8 == 0: a half is all in or all out
