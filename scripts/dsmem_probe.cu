@@ -10,7 +10,8 @@
 //          cp.async.bulk shared::cta -> shared::cluster (completing the partner's mbarrier);
 //   tma    every CTA copies all B bytes from global by bulk copies (16 KB each, one per thread);
 //   mcast  every CTA copies its half by bulk copies multicast to both CTAs of the pair (L2
-//          reads each byte once per pair).
+//          reads each byte once per pair);
+//   l2x    as l2, each thread's loads (8 at a time) all in flight before its stores.
 // Prints the median and the maximum over the CTAs per mode and size.
 // Build and run (device): nvcc -arch=sm_90a -O3 -o /tmp/dsmem scripts/dsmem_probe.cu && /tmp/dsmem
 #include <cstdio>
@@ -44,12 +45,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) probe(const 
   uint32_t rank;
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   const uint32_t bar_sh = smem_addr(&bar), peer = rank ^ 1u;
-  const int half = bytes / 2, mine0 = MODE == 0 || MODE == 4 ? 0 : int(rank) * half,
-            mine = MODE == 0 || MODE == 4 ? bytes : half;
+  const int half = bytes / 2, mine0 = MODE == 0 || MODE == 4 || MODE == 6 ? 0 : int(rank) * half,
+            mine = MODE == 0 || MODE == 4 || MODE == 6 ? bytes : half;
   if (threadIdx.x == 0) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_sh));
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_sh),
-                 "r"(MODE >= 4 ? bytes : MODE >= 2 ? half : 0));
+                 "r"(MODE == 4 || MODE == 5 ? bytes : MODE == 2 || MODE == 3 ? half : 0));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   csync();
@@ -66,6 +67,21 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) probe(const 
       else
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::"r"(
                          smem_addr(sm) + off), "l"(g), "r"(len), "r"(bar_sh), "h"((unsigned short)3) : "memory");
+    }
+  }
+  if (MODE == 6) {
+    for (int i0 = threadIdx.x; i0 < mine / 16; i0 += 8 * blockDim.x) {
+      uint4 v[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const int i = i0 + j * int(blockDim.x);
+        if (i < mine / 16) v[j] = __ldcg(src + i);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const int i = i0 + j * int(blockDim.x);
+        if (i < mine / 16) reinterpret_cast<uint4*>(sm)[i] = v[j];
+      }
     }
   }
   for (int i = threadIdx.x; MODE < 4 && i < mine / 16; i += blockDim.x) {
@@ -88,7 +104,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) probe(const 
                    "r"(smem_addr(sm) + mine0), "r"(half), "r"(peer_bar) : "memory");
   }
   __syncthreads();
-  if (MODE >= 2) mbar_wait(bar_sh);
+  if (MODE >= 2 && MODE <= 5) mbar_wait(bar_sh);
   __syncthreads();
   if (threadIdx.x == 0) out[blockIdx.x] = now_ns() - t0;
   csync();  // no CTA leaves while its partner may still write into it
@@ -103,13 +119,13 @@ int main() {
   cudaMalloc(&src, 1 << 20);
   cudaMemset(src, 1, 1 << 20);
   cudaMalloc(&out, grid * sizeof(uint64_t));
-  const char* names[6] = {"l2", "half", "st", "bulk", "tma", "mcast"};
-  void (*kernels[6])(const uint4*, int, uint64_t*) = {probe<0>, probe<1>, probe<2>, probe<3>, probe<4>, probe<5>};
-  for (int m = 0; m < 6; m++) cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  const char* names[7] = {"l2", "half", "st", "bulk", "tma", "mcast", "l2x"};
+  void (*kernels[7])(const uint4*, int, uint64_t*) = {probe<0>, probe<1>, probe<2>, probe<3>, probe<4>, probe<5>, probe<6>};
+  for (int m = 0; m < 7; m++) cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
   std::printf("grid %d CTAs (clusters of 2), ns from the cluster barrier to all bytes in shared memory: median / max over CTAs\n", grid);
   for (int bytes : {8192, 16384, 32768, 65536, 131072}) {
     std::printf("%7d B:", bytes);
-    for (int m = 0; m < 6; m++) {
+    for (int m = 0; m < 7; m++) {
       std::vector<uint64_t> best(grid, ~0ull), h(grid);
       for (int rep = 0; rep < 20; rep++) {
         kernels[m]<<<grid, 512, bytes>>>(src, bytes, out);
