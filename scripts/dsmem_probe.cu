@@ -1,7 +1,8 @@
 // How fast can a CTA get B bytes that every CTA of the grid needs (mma's staged x, NOTES.md
-// v45)? One CTA per SM (132 on the H100), clusters of 2, 512 threads; per CTA, the
+// v46)? One CTA per SM (132 on the H100), clusters of 2, 512 threads; per CTA, the
 // nanoseconds (globaltimer) from a cluster barrier to all bytes in shared memory:
-//   l2     every CTA reads all B bytes of one global buffer (hot in L2) with 16-byte loads;
+//   l2     every CTA reads all B bytes of one global buffer (hot in L2) with 16-byte loads,
+//          each thread load, store, load, store, ... (a chain);
 //   half   every CTA reads half (rank r: half r) of it from L2 and stores it locally (the bound
 //          of a free exchange);
 //   st     half from L2 as `half`, each 16-byte piece also stored into the partner's shared
@@ -13,7 +14,8 @@
 //          reads each byte once per pair);
 //   l2x    as l2, each thread's loads (8 at a time) all in flight before its stores.
 // Prints the median and the maximum over the CTAs per mode and size.
-// Build and run (device): nvcc -arch=sm_90a -O3 -o /tmp/dsmem scripts/dsmem_probe.cu && /tmp/dsmem
+// Build and run (device; sm_90a for the multicast):
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/dsmem scripts/dsmem_probe.cu && /tmp/dsmem
 #include <cstdio>
 #include <cstdint>
 #include <vector>
