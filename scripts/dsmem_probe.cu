@@ -14,12 +14,18 @@
 //          reads each byte once per pair);
 //   l2x    as l2, each thread's loads (8 at a time) all in flight before its stores.
 // Prints the median and the maximum over the CTAs per mode and size.
-// Build and run (device; sm_90a for the multicast):
-//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -o /tmp/dsmem scripts/dsmem_probe.cu && /tmp/dsmem
-#include <cstdio>
-#include <cstdint>
-#include <vector>
+// Build and run (device, repo root; sm_90a for the multicast):
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -I csrc -o /tmp/dsmem scripts/dsmem_probe.cu && /tmp/dsmem
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "tc.cuh"  // mbarriers, bulk copies (async.cuh), cluster_sync
+
+using namespace kbit;
+
+enum Mode { kL2, kHalf, kSt, kBulk, kTma, kMcast, kL2x, kModes };
 
 __device__ __forceinline__ uint64_t now_ns() {
   uint64_t t;
@@ -27,17 +33,10 @@ __device__ __forceinline__ uint64_t now_ns() {
   return t;
 }
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void csync() {
-  asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
-}
 __device__ __forceinline__ uint32_t mapa(uint32_t a, uint32_t r) {
   uint32_t d;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(r));
   return d;
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar) {
-  asm volatile("{\n .reg .pred p;\nW_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra W_%=;\n}" ::"r"(bar)
-               : "memory");
 }
 
 template <int MODE>
@@ -47,31 +46,31 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) probe(const 
   uint32_t rank;
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
   const uint32_t bar_sh = smem_addr(&bar), peer = rank ^ 1u;
-  const int half = bytes / 2, mine0 = MODE == 0 || MODE == 4 || MODE == 6 ? 0 : int(rank) * half,
-            mine = MODE == 0 || MODE == 4 || MODE == 6 ? bytes : half;
+  // the bytes this CTA brings from global itself, and whether its mbarrier waits for bytes
+  constexpr bool kAll = MODE == kL2 || MODE == kTma || MODE == kL2x;
+  constexpr bool kBar = MODE == kSt || MODE == kBulk || MODE == kTma || MODE == kMcast;
+  const int half = bytes / 2, mine0 = kAll ? 0 : int(rank) * half, mine = kAll ? bytes : half;
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar_sh));
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar_sh),
-                 "r"(MODE == 4 || MODE == 5 ? bytes : MODE == 2 || MODE == 3 ? half : 0));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init(bar_sh, 1);
+    mbar_expect_tx(bar_sh, MODE == kTma || MODE == kMcast ? bytes : kBar ? half : 0);
+    mbar_fence_init();
   }
-  csync();
+  cluster_sync();
   const uint64_t t0 = now_ns();
   const uint32_t peer_base = mapa(smem_addr(sm), peer), peer_bar = mapa(bar_sh, peer);
-  if (MODE == 4 || MODE == 5) {
+  if (MODE == kTma || MODE == kMcast) {
     const int chunk = 16384, n = (mine + chunk - 1) / chunk;
     if (int(threadIdx.x) < n) {
       const int off = mine0 + int(threadIdx.x) * chunk, len = min(chunk, mine0 + mine - off);
       const char* g = reinterpret_cast<const char*>(src) + off;
-      if (MODE == 4)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         smem_addr(sm) + off), "l"(g), "r"(len), "r"(bar_sh) : "memory");
+      if (MODE == kTma)
+        bulk_copy(smem_addr(sm) + off, g, len, bar_sh);
       else
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;" ::"r"(
                          smem_addr(sm) + off), "l"(g), "r"(len), "r"(bar_sh), "h"((unsigned short)3) : "memory");
     }
   }
-  if (MODE == 6) {
+  if (MODE == kL2x) {
     for (int i0 = threadIdx.x; i0 < mine / 16; i0 += 8 * blockDim.x) {
       uint4 v[8];
 #pragma unroll
@@ -86,18 +85,19 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) probe(const 
       }
     }
   }
-  for (int i = threadIdx.x; MODE < 4 && i < mine / 16; i += blockDim.x) {
+  for (int i = threadIdx.x; (MODE == kL2 || MODE == kHalf || MODE == kSt || MODE == kBulk) && i < mine / 16;
+       i += blockDim.x) {
     const int off = mine0 + 16 * i;
     const uint4 v = __ldcg(src + off / 16);
     *reinterpret_cast<uint4*>(sm + off) = v;
-    if (MODE == 2) {
+    if (MODE == kSt) {
       asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(peer_base + off),
                    "r"(v.x), "r"(v.y), "r"(peer_bar) : "memory");
       asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];" ::"r"(peer_base + off + 8),
                    "r"(v.z), "r"(v.w), "r"(peer_bar) : "memory");
     }
   }
-  if (MODE == 3) {
+  if (MODE == kBulk) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     if (threadIdx.x == 0)
@@ -106,10 +106,10 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(512, 1) probe(const 
                    "r"(smem_addr(sm) + mine0), "r"(half), "r"(peer_bar) : "memory");
   }
   __syncthreads();
-  if (MODE >= 2 && MODE <= 5) mbar_wait(bar_sh);
+  if (kBar) mbar_wait(bar_sh, 0u);  // (a multicast lands in both CTAs: all bytes expected in each)
   __syncthreads();
   if (threadIdx.x == 0) out[blockIdx.x] = now_ns() - t0;
-  csync();  // no CTA leaves while its partner may still write into it
+  cluster_sync();  // no CTA leaves while its partner may still write into it
 }
 
 int main() {
@@ -121,13 +121,14 @@ int main() {
   cudaMalloc(&src, 1 << 20);
   cudaMemset(src, 1, 1 << 20);
   cudaMalloc(&out, grid * sizeof(uint64_t));
-  const char* names[7] = {"l2", "half", "st", "bulk", "tma", "mcast", "l2x"};
-  void (*kernels[7])(const uint4*, int, uint64_t*) = {probe<0>, probe<1>, probe<2>, probe<3>, probe<4>, probe<5>, probe<6>};
-  for (int m = 0; m < 7; m++) cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  const char* names[kModes] = {"l2", "half", "st", "bulk", "tma", "mcast", "l2x"};
+  void (*kernels[kModes])(const uint4*, int, uint64_t*) = {probe<kL2>,  probe<kHalf>,  probe<kSt>, probe<kBulk>,
+                                                           probe<kTma>, probe<kMcast>, probe<kL2x>};
+  for (int m = 0; m < kModes; m++) cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
   std::printf("grid %d CTAs (clusters of 2), ns from the cluster barrier to all bytes in shared memory: median / max over CTAs\n", grid);
   for (int bytes : {8192, 16384, 32768, 65536, 131072}) {
     std::printf("%7d B:", bytes);
-    for (int m = 0; m < 7; m++) {
+    for (int m = 0; m < kModes; m++) {
       std::vector<uint64_t> best(grid, ~0ull), h(grid);
       for (int rep = 0; rep < 20; rep++) {
         kernels[m]<<<grid, 512, bytes>>>(src, bytes, out);
