@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "kbit) by a 1-element fill_, a kernel without programmatic dependent launch, and "
                    "subtract its time: what a call costs after a non-kbit kernel (the default times "
                    "back-to-back calls, which kbit's PDL launches may overlap; KBIT_PDL=0 turns PDL off)")
+    p.add_argument("--ncu", action="store_true", help="instead of the graph timing: kernel-only "
+                   "times of the linear suite under Nsight Compute (ncu on PATH; caches flushed "
+                   "before each kernel, clocks not locked; kbit/bench/ncu.py)")
     p.add_argument("--from-json", metavar="PATH", help="with --plot: plot a saved --json result "
                    "instead of running (no GPU needed)")
 
@@ -55,10 +58,11 @@ def run(args) -> int:
 
         with open(args.from_json) as f:
             saved = json.load(f)
-        if "linear" not in saved:
+        lin = saved.get("linear") or saved.get("linear_ncu")
+        if lin is None:
             print(f"{args.from_json} has no linear-suite results", file=sys.stderr)
             return 2
-        plot(dense_speedups(saved["linear"]), args.plot, saved.get("info", {}).get("device", ""))
+        plot(dense_speedups(lin), args.plot, saved.get("info", {}).get("device", ""))
         print(f"wrote {args.plot}")
         return 0
     from .linear_suite import KERNELS
@@ -66,6 +70,9 @@ def run(args) -> int:
     kernels = args.kernels.split(",") if args.kernels else list(KERNELS)
     if not kernels or any(kern not in KERNELS for kern in kernels):
         print(f"--kernels {args.kernels!r}: choose from {','.join(KERNELS)}", file=sys.stderr)
+        return 2
+    if args.ncu and args.after_fill:
+        print("--ncu times each kernel alone; --after-fill does not apply", file=sys.stderr)
         return 2
     import torch
 
@@ -89,11 +96,26 @@ def run(args) -> int:
     print(f"nvidia-smi (driver, sm clock, mem clock, max sm clock, power limit): {info['nvidia_smi']}")
     info["pdl"] = kbit._lib._lib.kbit_pdl_mode()  # KBIT_PDL as the library read it (default 1)
     info["after_fill"] = bool(args.after_fill)
+    info["ncu"] = bool(args.ncu)
     print(f"PDL mode of gemv, mma and wgmma (KBIT_PDL): {info['pdl']}; "
-          + ("every call timed after a 1-element fill_ (its time subtracted)" if args.after_fill
+          + ("each kernel alone under ncu" if args.ncu
+             else "every call timed after a 1-element fill_ (its time subtracted)" if args.after_fill
              else "back-to-back calls"))
     set_after_fill(args.after_fill)
     result = {"info": info}
+    linear_shapes = args.shapes.split(",") if args.shapes else list(DENSE) + list(EXTRA)
+    unknown = [s for s in linear_shapes if s not in DENSE and s not in EXTRA]
+    if unknown and (args.ncu or "linear" in suites):
+        print(f"unknown shapes {unknown}; choose from {list(DENSE) + list(EXTRA)}", file=sys.stderr)
+        return 2
+    if args.ncu:
+        from .ncu import run_ncu
+
+        lin = run_ncu([int(m) for m in args.m.split(",")], ks, linear_shapes, kernels)
+        if lin is None:
+            return 1
+        result["linear_ncu"] = lin
+        return _finish(args, result, lin, info)
     from .ops_suite import warm_up
 
     warm_up()
@@ -105,18 +127,18 @@ def run(args) -> int:
         shapes = [s for s in shapes if s in MODEL_SHAPES]
         result["ops"] = run_ops(ks, {s: MODEL_SHAPES[s] for s in shapes}, args.repeats)
     if "linear" in suites:
-        shapes = args.shapes.split(",") if args.shapes else list(DENSE) + list(EXTRA)
-        unknown = [s for s in shapes if s not in DENSE and s not in EXTRA]
-        if unknown:
-            print(f"unknown shapes {unknown}; choose from {list(DENSE) + list(EXTRA)}", file=sys.stderr)
-            return 2
-        result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, shapes, args.repeats,
-                                      kernels)
-    if args.plot and "linear" in result:
+        result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, linear_shapes,
+                                      args.repeats, kernels)
+    return _finish(args, result, result.get("linear"), info)
+
+
+def _finish(args, result: dict, linear: dict | None, info: dict) -> int:
+    """--plot of the linear tables (graph-timed or --ncu), --json of everything."""
+    if args.plot and linear is not None:
         from .plot import dense_speedups, plot
 
         try:
-            plot(dense_speedups(result["linear"]), args.plot, info["device"])
+            plot(dense_speedups(linear), args.plot, info["device"])
             print(f"wrote {args.plot}")
         except (RuntimeError, ValueError) as e:  # no matplotlib, or not all dense shapes run
             print(f"--plot: {e}", file=sys.stderr)

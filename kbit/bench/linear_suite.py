@@ -59,57 +59,62 @@ def host_overhead_us(calls: int = 300) -> tuple[float, float]:
 
 
 class _Weights:
-    """One shape's cold-rotation copies: fp16 weights and, per k, the k-bit packs."""
+    """One shape's cold-rotation copies: fp16 weights and, per k, the k-bit packs (one copy of
+    each where rotate is False: under `kbit bench --ncu` Nsight Compute flushes the caches)."""
 
-    def __init__(self, K, N, ks, weight_bytes, name):
+    def __init__(self, K, N, ks, weight_bytes, name, rotate=True):
         self.K, self.N = K, N
         w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
-        self.nw = copies_for_cold(N * K * 2)
+        self.nw = copies_for_cold(N * K * 2) if rotate else 1
         self.w16 = [w.clone() for _ in range(self.nw)]
         self.q, self.packs = {}, {}
         for k in ks:
             q = kbit.repack(kbit.quantize(w, k=k))
             weight_bytes[(name, k)] = q.packed.numel() * 4 + q.absmax.numel() * q.absmax.element_size()
-            nq = copies_for_cold(weight_bytes[(name, k)])
+            nq = copies_for_cold(weight_bytes[(name, k)]) if rotate else 1
             self.q[k] = q
             self.packs[k] = [(q.packed.clone(), q.absmax.clone()) for _ in range(nq)]
         self.buf = torch.empty(N, K, dtype=torch.float16, device="cuda")
 
 
+def fp16_call(wt, x, y):
+    """The fp16 cuBLAS reference call of a cell: call(i) uses weight copy i."""
+    return lambda i: torch.matmul(x, wt.w16[i].T, out=y)
+
+
+def kbit_calls(wt, m, k, x, y, kernels):
+    """{column: call(i)} of the kbit kernels of `kernels` that run at (shape, M, k), in the
+    table's column order; call(i) uses pack copy i. Every cell gets at least one kernel."""
+    K, N = wt.K, wt.N
+    q, packs = wt.q[k], wt.packs[k]
+    calls = {}
+    if "Scalar" in kernels and m <= ops.GEMV_MAX_M:
+        calls["Scalar"] = lambda i: ops.gemv_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y)
+    if "MMA" in kernels and ops.mma_supports(m, K, N, k, "cuda"):
+        calls["MMA"] = lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y)
+    if "WGMMA" in kernels and ops.wgmma_supports(m, K, N, k, "cuda"):
+        calls["WGMMA"] = lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y)
+
+    def dq(i):
+        ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", 0, wt.buf)
+        torch.matmul(x, wt.buf.T, out=y)
+
+    if "dq+cuBLAS" in kernels or not calls:
+        calls["dq+cuBLAS"] = dq
+    return calls
+
+
 def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks, kernels):
     """fp16 and every kbit kernel of `kernels` at one (shape, M); the SM clock is read after
     each cell."""
-    K, N = wt.K, wt.N
-    x = torch.randn(m, K, dtype=torch.float16, device="cuda")
-    y = torch.empty(m, N, dtype=torch.float16, device="cuda")
-    fp16[(m, name)] = graph_time_us(lambda i: torch.matmul(x, wt.w16[i].T, out=y), wt.nw, repeats=repeats)
+    x = torch.randn(m, wt.K, dtype=torch.float16, device="cuda")
+    y = torch.empty(m, wt.N, dtype=torch.float16, device="cuda")
+    fp16[(m, name)] = graph_time_us(fp16_call(wt, x, y), wt.nw, repeats=repeats)
     clk = [sm_clock_mhz()]
     for k in ks:
-        q, packs = wt.q[k], wt.packs[k]
-        nq = len(packs)
         row = {}
-        if "Scalar" in kernels and m <= ops.GEMV_MAX_M:
-            row["Scalar"] = graph_time_us(
-                lambda i: ops.gemv_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
-                nq, repeats=repeats)
-            clk.append(sm_clock_mhz())
-        if "MMA" in kernels and ops.mma_supports(m, K, N, k, "cuda"):
-            row["MMA"] = graph_time_us(
-                lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
-                nq, repeats=repeats)
-            clk.append(sm_clock_mhz())
-        if "WGMMA" in kernels and ops.wgmma_supports(m, K, N, k, "cuda"):
-            row["WGMMA"] = graph_time_us(
-                lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y),
-                nq, repeats=repeats)
-            clk.append(sm_clock_mhz())
-
-        def dq(i):
-            ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", 0, wt.buf)
-            torch.matmul(x, wt.buf.T, out=y)
-
-        if "dq+cuBLAS" in kernels or not row:  # every cell gets at least one kernel
-            row["dq+cuBLAS"] = graph_time_us(dq, nq, repeats=repeats)
+        for col, call in kbit_calls(wt, m, k, x, y, kernels).items():
+            row[col] = graph_time_us(call, len(wt.packs[k]), repeats=repeats)
             clk.append(sm_clock_mhz())
         results[(m, name, k)] = row
     clocks[(m, name)] = clk
@@ -140,11 +145,29 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
     print(f"\nper-call floor (1-element fill_ in the same CUDA-graph harness): {floor:.2f} us")
     print(f"eager kbit.linear, M=1 gateup k=4, out= given: {wall:.1f} us per call wall-clock "
           f"(back-to-back, host-bound if above the GPU time), {gpu:.1f} us GPU time (graph, hot)")
+
+    def title(m):
+        clk = sorted(c for (mm, _), cs in clocks.items() if mm == m for c in cs)
+        return (f"M={m}: (us per call; cold L2; CUDA-graph replay, median; SM clock after each "
+                f"cell {clk[0]:.0f}-{clk[-1]:.0f} MHz, median {clk[len(clk) // 2]:.0f})")
+
+    print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title)
+    return {
+        "kernels": list(kernels),
+        "floor_us": floor,
+        "eager_linear_m1_wall_us": wall,
+        "fp16_us": {f"{m},{s}": v for (m, s), v in fp16.items()},
+        "kbit_us": {f"{m},{s},{k}": v for (m, s, k), v in results.items()},
+        "weight_bytes": {f"{s},{k}": v for (s, k), v in weight_bytes.items()},
+        "sm_clock_mhz": {f"{m},{s}": v for (m, s), v in clocks.items()},
+    }
+
+
+def print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title) -> None:
+    """The per-M tables (title(m) above each) and the dense-TOTAL summary."""
     summary = {}
     for m in ms:
-        clk = sorted(c for (mm, _), cs in clocks.items() if mm == m for c in cs)
-        print(f"\nM={m}: (us per call; cold L2; CUDA-graph replay, median; SM clock after each "
-              f"cell {clk[0]:.0f}-{clk[-1]:.0f} MHz, median {clk[len(clk) // 2]:.0f})")
+        print("\n" + title(m))
         hdr = (f"| {'shape':6} | k | " + " | ".join(f"{c:>9}" for c in KERNELS)
                + f" | {'fp16':>7} | {'Best':>9} | {'us':>7} | {'GB/s':>5} | vs fp16 |")
         print(hdr)
@@ -176,12 +199,3 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
     print("|---|" + "---|" * len(ks))
     for m in ms:
         print(f"| {m} | " + " | ".join(f"{summary[(m, k)][1] / summary[(m, k)][0]:.2f}x" for k in ks) + " |")
-    return {
-        "kernels": list(kernels),
-        "floor_us": floor,
-        "eager_linear_m1_wall_us": wall,
-        "fp16_us": {f"{m},{s}": v for (m, s), v in fp16.items()},
-        "kbit_us": {f"{m},{s},{k}": v for (m, s, k), v in results.items()},
-        "weight_bytes": {f"{s},{k}": v for (s, k), v in weight_bytes.items()},
-        "sm_clock_mhz": {f"{m},{s}": v for (m, s), v in clocks.items()},
-    }
