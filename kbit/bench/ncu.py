@@ -28,37 +28,48 @@ import tempfile
 
 NCU_CALLS = 5  # profiled calls per cell (after one unprofiled warm-up call)
 MARKER = "spin_kernel"  # the kernel of torch.cuda._sleep, launched by nothing else here
+CLOCK = "sm__cycles_elapsed.avg.per_second"  # the SM clock while the kernel ran
 _UNIT_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
             "second": 1e9, "s": 1e9}
+_UNIT_HZ = {"hz": 1.0, "hertz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9, "cycle/second": 1.0,
+            "cycle/nsecond": 1e9, "cycle/usecond": 1e6, "cycle/msecond": 1e3}
 
 
-def parse_ncu_csv(text: str) -> list[tuple[int, str, float]]:
-    """(ID, kernel name, gpu__time_duration in ns) per profiled kernel, in launch order, from
-    the output of `ncu --csv --metrics gpu__time_duration.sum` (the details page: one row per
-    kernel and metric; the lines before the header are ncu's own messages)."""
+def parse_ncu_csv(text: str) -> list[tuple[int, str, float, float | None]]:
+    """(ID, kernel name, gpu__time_duration in ns, SM clock in Hz or None) per profiled kernel,
+    in launch order, from the output of `ncu --csv --metrics gpu__time_duration.sum,CLOCK` (the
+    details page: one row per kernel and metric; the lines before the header are ncu's own
+    messages)."""
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID",')), None)
     if start is None:
         raise ValueError("no CSV header (a line starting with \"ID\",) in ncu's output")
-    rows = []
+    kernels: dict[int, list] = {}
     for r in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
-        if r.get("Metric Name") != "gpu__time_duration.sum":
+        metric, unit = r.get("Metric Name"), (r.get("Metric Unit") or "").strip().lower()
+        if metric not in ("gpu__time_duration.sum", CLOCK):
             continue
-        unit = (r.get("Metric Unit") or "nsecond").strip()
-        if unit not in _UNIT_NS:
-            raise ValueError(f"unknown unit {unit!r} of gpu__time_duration.sum")
         value = float(r["Metric Value"].replace(",", ""))
-        rows.append((int(r["ID"]), r["Kernel Name"], value * _UNIT_NS[unit]))
-    rows.sort(key=lambda t: t[0])
-    return rows
+        entry = kernels.setdefault(int(r["ID"]), [r["Kernel Name"], None, None])
+        if metric == CLOCK:
+            entry[2] = value * _UNIT_HZ[unit] if unit in _UNIT_HZ else None
+        elif unit in _UNIT_NS:
+            entry[1] = value * _UNIT_NS[unit]
+        else:
+            raise ValueError(f"unknown unit {unit!r} of gpu__time_duration.sum")
+    missing = [i for i, e in kernels.items() if e[1] is None]
+    if missing:
+        raise ValueError(f"kernels {missing[:5]} have no gpu__time_duration.sum")
+    return [(i, e[0], e[1], e[2]) for i, e in sorted(kernels.items())]
 
 
-def cell_times(records: list[tuple[int, str, float]], manifest: list[dict]) -> list[dict]:
+def cell_times(records: list[tuple[int, str, float, float | None]], manifest: list[dict]) -> list[dict]:
     """Pairs the kernels between each two markers with the manifest's cells, in order: per cell
-    {"us": median per-call µs, "kernels": names of one call's kernels}. A cell whose kernel count
-    is not a multiple of its call count (a call launched a different number of kernels) raises."""
+    {"us": median per-call µs, "mhz": median SM clock of its kernels (None if ncu gave none),
+    "kernels": names of one call's kernels}. A cell whose kernel count is not a multiple of its
+    call count (a call launched a different number of kernels) raises."""
     pieces, current = [], None
-    for _, name, ns in records:
+    for _, name, ns, hz in records:
         if MARKER in name:
             if current is None:
                 current = []
@@ -66,7 +77,7 @@ def cell_times(records: list[tuple[int, str, float]], manifest: list[dict]) -> l
                 pieces.append(current)
                 current = None
         elif current is not None:
-            current.append((name, ns))
+            current.append((name, ns, hz))
     if current is not None or len(pieces) != len(manifest):
         raise ValueError(f"ncu saw {len(pieces)} bracketed cells, the child ran {len(manifest)}"
                          + (" (a start marker without its end)" if current is not None else ""))
@@ -76,8 +87,10 @@ def cell_times(records: list[tuple[int, str, float]], manifest: list[dict]) -> l
         if not piece or len(piece) % calls:
             raise ValueError(f"cell {cell}: {len(piece)} kernels for {calls} calls")
         per = len(piece) // calls
-        times = [sum(ns for _, ns in piece[i * per:(i + 1) * per]) / 1e3 for i in range(calls)]
-        out.append({"us": statistics.median(times), "kernels": [n for n, _ in piece[:per]]})
+        times = [sum(ns for _, ns, _ in piece[i * per:(i + 1) * per]) / 1e3 for i in range(calls)]
+        clocks = [hz / 1e6 for _, _, hz in piece if hz is not None]
+        out.append({"us": statistics.median(times), "mhz": statistics.median(clocks) if clocks else None,
+                    "kernels": [n for n, _, _ in piece[:per]]})
     return out
 
 
@@ -141,7 +154,7 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
             json.dump({"ms": ms, "ks": ks, "shapes": shapes, "kernels": kernels,
                        "calls": NCU_CALLS, "manifest": manifest_path}, f)
         cmd = [ncu, "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off",
-               "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base",
+               "--metrics", "gpu__time_duration.sum," + CLOCK, "--csv", "--print-units", "base",
                "--log-file", log_path, sys.executable, "-m", "kbit.bench.ncu", "--child", spec_path]
         print("profiling under Nsight Compute: " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd).returncode
@@ -157,9 +170,11 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
         print(f"--ncu: cannot read ncu's output: {e}", file=sys.stderr)
         return None
     weight_bytes = {(s, k): b for s, k, b in saved["weight_bytes"]}
-    results, fp16, names = {}, {}, {}
+    results, fp16, names, clocks = {}, {}, {}, {}
     for cell, t in zip(saved["cells"], cells):
         m, shape, k, col = cell["m"], cell["shape"], cell["k"], cell["kernel"]
+        if t["mhz"] is not None:
+            clocks.setdefault(m, []).append(t["mhz"])
         if col == "fp16":
             fp16[(m, shape)] = t["us"]
         else:
@@ -167,16 +182,24 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
         names[f"{m},{shape},{k},{col}"] = t["kernels"]
     dense = [s for s in shapes if s in DENSE]
     extra = [s for s in shapes if s in EXTRA]
-    print_tables(ms, ks, dense, extra, results, fp16, weight_bytes,
-                 lambda m: (f"M={m}: (us per call, kernels only: Nsight Compute's gpu__time_duration, "
-                            f"L1 and L2 flushed before each kernel, clocks not locked; median of "
-                            f"{NCU_CALLS} calls)"))
+    def title(m):
+        clk = sorted(clocks.get(m, []))
+        return (f"M={m}: (us per call, kernels only: Nsight Compute's gpu__time_duration, each "
+                f"kernel alone after L1 and L2 are flushed; median of {NCU_CALLS} calls; SM clock "
+                + (f"{clk[0]:.0f}-{clk[-1]:.0f} MHz, median {clk[len(clk) // 2]:.0f})" if clk
+                   else "not reported)"))
+
+    print("\nKernel-only times include what a kernel pays alone on an idle GPU (its start, cold "
+          "code and TLB) and none of the overlap of back-to-back launches, so they differ from the "
+          "graph-timed tables in both directions.")
+    print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title)
     return {
         "kernels": list(kernels),
         "fp16_us": {f"{m},{s}": v for (m, s), v in fp16.items()},
         "kbit_us": {f"{m},{s},{k}": v for (m, s, k), v in results.items()},
         "weight_bytes": {f"{s},{k}": v for (s, k), v in weight_bytes.items()},
         "kernel_names": names,
+        "sm_clock_mhz": {str(m): v for m, v in clocks.items()},
     }
 
 
