@@ -166,8 +166,8 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
             saved = json.load(f)
     try:
         cells = cell_times(parse_ncu_csv(log), saved["cells"])
-    except ValueError as e:
-        print(f"--ncu: cannot read ncu's output: {e}", file=sys.stderr)
+    except ValueError as e:  # e.g. no counters permitted: ncu ran the child but profiled nothing
+        print(f"--ncu: cannot read ncu's output: {e}; it ends:\n" + log[-2000:], file=sys.stderr)
         return None
     weight_bytes = {(s, k): b for s, k, b in saved["weight_bytes"]}
     results, fp16, names, clocks = {}, {}, {}, {}
