@@ -182,6 +182,7 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
         names[f"{m},{shape},{k},{col}"] = t["kernels"]
     dense = [s for s in shapes if s in DENSE]
     extra = [s for s in shapes if s in EXTRA]
+
     def title(m):
         clk = sorted(clocks.get(m, []))
         return (f"M={m}: (us per call, kernels only: Nsight Compute's gpu__time_duration, each "
@@ -190,8 +191,8 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
                    else "not reported)"))
 
     print("\nKernel-only times include what a kernel pays alone on an idle GPU (its start, cold "
-          "code and TLB) and none of the overlap of back-to-back launches, so they differ from the "
-          "graph-timed tables in both directions.")
+          "code and TLB) and none of the overlap of back-to-back launches: they are not the "
+          "graph-timed figures and do not compare with them.")
     print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title)
     return {
         "kernels": list(kernels),
