@@ -389,7 +389,6 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   const auto owned = [&](int q) { return seg_k0[q] + seg_steps[q] == KT; };
   // The last segment's tile: the one whose C this CTA writes (when it owns it).
   const int n0 = (seg_tile[nseg - 1] % rtiles) * S::rows, m0 = (seg_tile[nseg - 1] / rtiles) * TN;
-  const int kt0 = seg_k0[0], steps = seg_steps[0];
   const int esize = absmax_bytes(fmt);
   const uint32_t esize_mask = esize == 4 ? 0xFFFFFFFFu : (1u << (8 * esize)) - 1u;  // an absmax's bits
   const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages, stored = lay.bars + 16 * stages,
