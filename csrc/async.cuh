@@ -36,12 +36,6 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
                 "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
-// Ask for [src, src + bytes) in L2 (src 16-byte aligned, bytes a multiple of 16); nothing
-// completes, nothing lands in shared memory.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  KBIT_BULK_ASM("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // Bring a tensor map (a __grid_constant__ kernel parameter) into the descriptor cache ahead of
 // its first tensor copy.
 __device__ __forceinline__ void prefetch_tensormap(const void* map) {

@@ -258,8 +258,7 @@ inline unsigned persistent_grid(int per_sm, int64_t ctas_needed) {
 // (or exited). Until pdl_wait returns (the previous grid has completed and its writes are
 // visible) such a kernel must not read memory another kernel may write (x, bias, even the
 // weights and codebook: a repack may have just written them) nor write any output; it may
-// set up shared memory and ask for its first weights in L2 (prefetch_l2: L2 is the point of
-// coherence, so a load after the wait still sees the previous grid's writes). Launched
+// set up shared memory. Launched
 // without the attribute, both are no-ops. Compiled for pre-sm_90 targets they are empty, so
 // the launchers set the attribute only for kernels whose binary is sm_90+ (has_sm90_code).
 // scripts/pdl_floor.cu and NOTES.md (v16) have what it buys.
@@ -273,22 +272,19 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// KBIT_PDL (read once per process): 0 launches the kernels without PDL; 1 (default) with PDL
-// (wait before the first global access; mma and wgmma trigger at entry, gemv after its main
-// loop); 2 also asks for each warp's first weights in L2 before the wait. H100,
-// M = 1, k = 4, dense TOTAL vs fp16 (NOTES.md v16): back-to-back kbit calls 1.53x (0) / 1.82x
-// (1) / 1.88x (2); each call after a kernel launched without PDL 1.54x / 1.51x / 1.42x.
+// KBIT_PDL (read once per process): 0 launches the kernels without PDL; 1 (default, and any
+// other value) with PDL (wait before the first global access; mma and wgmma trigger at entry,
+// gemv after its main loop). H100, M = 1, k = 4, dense TOTAL vs fp16 (NOTES.md v16):
+// back-to-back kbit calls 1.53x (off) / 1.82x (on); each call after a kernel launched without
+// PDL 1.54x / 1.51x. (Mode 2, L2 prefetches of the first weights before the wait, was no
+// faster back-to-back on the v46 kernels and 6-12% slower after a plain kernel: removed, v47.)
 // An integer from the environment (experiment and mode switches), `fallback` when unset or empty.
 inline int env_int(const char* name, int fallback) {
   const char* e = getenv(name);
   return e != nullptr && *e != '\0' ? atoi(e) : fallback;
 }
 inline int pdl_mode() {
-  static const int mode = env_int("KBIT_PDL", 1);
+  static const int mode = env_int("KBIT_PDL", 1) != 0 ? 1 : 0;
   return mode;
 }
 

@@ -145,21 +145,10 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
   if (n0 >= N) return;  // no barrier in this kernel: a warp without rows just leaves
   // tiled64 block index of (kt, row n0 + r, block 0)
   auto block_of = [&](int64_t kt, int r) { return (kt * N + n0 + r) * kTileBlocks; };
-  // PDL (common.cuh): with pdl >= 2 ask for this lane's first tile in L2, then wait for the
-  // previous kernel before any real load. The trigger follows the main loop, as before: many
-  // small CTAs triggered at entry let the next calls' grids pile up (NOTES.md v16).
-  if (pdl > 0) {
-    if (pdl >= 2 && lane < KT) {
-#pragma unroll
-      for (int r = 0; r < R; r++)
-        if (n0 + r < N) {  // the tile's first and last word (k = 3, 5: it may cross a line)
-          prefetch_l2(packed + block_of(lane, r) * K_BITS);
-          prefetch_l2(packed + (block_of(lane, r) + kTileBlocks) * K_BITS - 1);
-          prefetch_l2(static_cast<const char*>(absmax) + block_of(lane, r) * absmax_bytes(absmax_format));
-        }
-    }
-    pdl_wait();
-  }
+  // PDL (common.cuh): wait for the previous kernel before any real load. The trigger follows
+  // the main loop: many small CTAs triggered at entry let the next calls' grids pile up
+  // (NOTES.md v16).
+  if (pdl > 0) pdl_wait();
   // lane L holds codebook entry L mod 2^k (the shuffles' table)
   const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));
 
@@ -260,13 +249,7 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   const int64_t phase = warp * G + lane / RL, warp_phase = warp * G;
   const bool row_ok = n < N;
   auto tile_block = [&](int64_t kt) { return (kt * N + n) * kTileBlocks; };  // block 0 of (kt, n)
-  if (pdl > 0) {
-    if (pdl >= 2 && row_ok && phase < KT) {
-      prefetch_l2(packed + tile_block(phase) * K_BITS);
-      prefetch_l2(packed + (tile_block(phase) + kTileBlocks) * K_BITS - 1);
-    }
-    pdl_wait();
-  }
+  if (pdl > 0) pdl_wait();
   const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));  // the shuffles' table
   // A round: U tiles per lane, tile u at kt = base + u * P + phase. A slot is skipped when no
   // lane of the warp has it (warp-uniform, as the shuffles need); a lane without a tile (past

@@ -701,10 +701,10 @@ __device__ __forceinline__ void mma_body(
   };
 
   // PDL (launched with it when pdl > 0; common.cuh): let the next kernel of the stream start
-  // (it takes an SM once this CTA leaves it: one CTA per SM), with pdl >= 2 ask for this
-  // warp's first ring items (or, bulk, the first stages) in L2, then wait for the previous
-  // kernel before the first real load. Everything above only computed addresses. (Asking for
-  // every warp's items from one warp was slower both ways: NOTES.md v16.) KBIT_MMA_SPEC_TABLE
+  // (it takes an SM once this CTA leaves it: one CTA per SM), then wait for the previous
+  // kernel before the first real load. Everything above only computed addresses. (L2
+  // prefetches of the first weights before the wait, KBIT_PDL = 2, were no faster back-to-back
+  // and 6-12% slower after a plain kernel: removed, NOTES.md v47.) KBIT_MMA_SPEC_TABLE
   // also reads the codebook and builds the table before the wait; the barrier after the
   // prologue checks it against the codebook read after the wait.
   constexpr bool kSpec = KBIT_MMA_SPEC_TABLE == 2 || (KBIT_MMA_SPEC_TABLE == 1 && K_BITS == 5 && NT == 1);
@@ -715,33 +715,6 @@ __device__ __forceinline__ void mma_body(
     if (spec) {
       cb_spec = __ldcg(codebook + (lane & cmask));
       build_table(cb_spec);
-    }
-    if (pdl >= 2) {
-      if constexpr (BULK) {
-        if (warp == kWarps - 1)
-          for (int step = lane; step < min(n_stages, lsteps); step += 32)
-            step_chunks(step, [&](int, const int32_t* words, const char* sc) {
-              bulk_prefetch_l2(words, wb);
-              bulk_prefetch_l2(sc, sb);
-            });
-      } else {
-        Cursor pc = load_cur;
-#pragma unroll
-        for (int d = 0; d < D; d++) {
-          if (d < n_items && 2 * (step0 + pc.step) + (c >> 1) < KT) {
-            const char* sc = static_cast<const char*>(absmax);
-            if (pc.row_lo) {
-              prefetch_l2(packed + size_t(pc.block) * K_BITS);
-              prefetch_l2(sc + size_t(pc.block) * kScaleBytes<FMT>);
-            }
-            if (pc.row_hi) {
-              prefetch_l2(packed + size_t(pc.block + 16) * K_BITS);
-              prefetch_l2(sc + size_t(pc.block + 16) * kScaleBytes<FMT>);
-            }
-          }
-          advance(pc);
-        }
-      }
     }
     pdl_wait();
   }

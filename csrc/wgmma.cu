@@ -342,8 +342,8 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   // PDL (launched with it when pdl > 0; common.cuh): the next kernel of the stream may start
   // once every CTA has begun (its CTAs then take SMs as these CTAs leave them). Up to
   // pdl_wait below nothing global is read or written (x, weights, codebook and bias may be
-  // what the previous kernel writes): only shared-memory setup, the tensor map's prefetch
-  // (a kernel parameter) and, pdl >= 2, L2 prefetches of the first stages' weights.
+  // what the previous kernel writes): only shared-memory setup and the tensor map's prefetch
+  // (a kernel parameter).
   if (pdl > 0) pdl_trigger();
   // This CTA's work: segments (a tile, tile = token tile * row tiles + row tile, and a range
   // of its k-steps). K split over a cluster: the one tile (blockIdx.x, blockIdx.y), steps of
@@ -389,7 +389,6 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   const auto owned = [&](int q) { return seg_k0[q] + seg_steps[q] == KT; };
   // The last segment's tile: the one whose C this CTA writes (when it owns it).
   const int n0 = (seg_tile[nseg - 1] % rtiles) * S::rows, m0 = (seg_tile[nseg - 1] / rtiles) * TN;
-  const int kt0 = seg_k0[0], steps = seg_steps[0];
   const int esize = absmax_bytes(fmt);
   const uint32_t esize_mask = esize == 4 ? 0xFFFFFFFFu : (1u << (8 * esize)) - 1u;  // an absmax's bits
   const uint32_t full0 = lay.bars, empty0 = lay.bars + 8 * stages, stored = lay.bars + 16 * stages,
@@ -404,10 +403,6 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   // 0); the copies bring only the first `rows` (a multiple of 8: N % 8 == 0).
   const int rows = min(S::rows, N - n0);
   const uint32_t p_bytes = rows * 8 * K_BITS, a_bytes = rows * 2 * esize;  // multiples of 16
-  // the first segment's weights (the producer steps through every segment's)
-  const int n_first = (seg_tile[0] % rtiles) * S::rows;
-  const char* psrc = reinterpret_cast<const char*>(packed) + int64_t(n_first) * 2 * K_BITS * 4;
-  const char* asrc = static_cast<const char*>(absmax) + int64_t(n_first) * 2 * esize;
   const int64_t p_step = int64_t(N) * 2 * K_BITS * 4, a_step = int64_t(N) * 2 * esize;  // bytes per k-tile
   if (rows < S::rows) {
     constexpr int kTail = (S::packed_bytes + S::absmax_bytes) / 16;
@@ -424,11 +419,6 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     mbar_init(loaded, 1);  // stream-K owner: a batch of partials in shared memory
     mbar_fence_init();
     prefetch_tensormap(&x_map);
-    if (pdl >= 2)
-      for (int s = 0; s < min(stages, steps); s++) {
-        bulk_prefetch_l2(psrc + (kt0 + s) * p_step, p_bytes);
-        bulk_prefetch_l2(asrc + (kt0 + s) * a_step, a_bytes);
-      }
   }
   fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(gen + lay.scales), tid, kAll);
   if (pdl > 0) pdl_wait();

@@ -4,7 +4,7 @@ the codebook and before it writes its output. Each test makes the previous kerne
 next call reads, with no synchronisation between them, and compares with the reference (W
 dequantized in float32, product in float64; tolerance of test_linear.py: 2e-3 for fp16, one
 output rounding with ~4x margin). A call that read too early would see NaN poison or the
-previous weights: errors of order 1 or NaN. Run under KBIT_PDL=0, 1 and 2 alike. The "split"
+previous weights: errors of order 1 or NaN. Run under KBIT_PDL=0 and 1 alike. The "split"
 variants force a K split: mma S = 2 (partial sums through its workspace, which the previous
 call left for it), wgmma splits = 4 (over a thread-block cluster: the cluster and PDL launch
 attributes together)."""
