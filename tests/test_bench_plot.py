@@ -45,3 +45,13 @@ def test_bench_rejects_unknown_kernels(capsys):
     bench.add_arguments(p)
     assert bench.run(p.parse_args(["--kernels", "MMA,Nope"])) == 2
     assert "choose from Scalar,MMA,WGMMA,dq+cuBLAS" in capsys.readouterr().err
+
+
+def test_tables_json_keys_are_what_dense_speedups_reads():
+    from kbit.bench.linear_suite import tables_json
+
+    fp16 = {(1, s): 10.0 for s in DENSE}
+    results = {(1, s, 4): {"MMA": 4.0, "dq+cuBLAS": 20.0} for s in DENSE}
+    out = tables_json(["MMA", "dq+cuBLAS"], results, fp16, {(s, 4): 100 for s in DENSE})
+    assert out["kernels"] == ["MMA", "dq+cuBLAS"] and out["weight_bytes"]["Q,4"] == 100
+    assert dense_speedups(out)[4][1] == pytest.approx(2.5)

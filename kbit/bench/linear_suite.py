@@ -153,13 +153,22 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
 
     print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title)
     return {
-        "kernels": list(kernels),
+        **tables_json(kernels, results, fp16, weight_bytes),
         "floor_us": floor,
         "eager_linear_m1_wall_us": wall,
+        "sm_clock_mhz": {f"{m},{s}": v for (m, s), v in clocks.items()},
+    }
+
+
+def tables_json(kernels, results, fp16, weight_bytes) -> dict:
+    """The tables' figures with string keys for --json (what plot.dense_speedups and
+    scripts/make_dispatch.py read): "M,shape" -> fp16 µs, "M,shape,k" -> {kernel: µs},
+    "shape,k" -> weight bytes."""
+    return {
+        "kernels": list(kernels),
         "fp16_us": {f"{m},{s}": v for (m, s), v in fp16.items()},
         "kbit_us": {f"{m},{s},{k}": v for (m, s, k), v in results.items()},
         "weight_bytes": {f"{s},{k}": v for (s, k), v in weight_bytes.items()},
-        "sm_clock_mhz": {f"{m},{s}": v for (m, s), v in clocks.items()},
     }
 
 

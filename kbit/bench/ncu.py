@@ -141,7 +141,7 @@ def _child(spec_path: str) -> int:
 def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str]) -> dict | None:
     """Profiles the cells in a child process under ncu, prints the tables in the bench's format
     and returns the results (None, with the reason on stderr, where ncu is missing or fails)."""
-    from .linear_suite import DENSE, EXTRA, print_tables
+    from .linear_suite import DENSE, EXTRA, print_tables, tables_json
 
     ncu = shutil.which("ncu")
     if ncu is None:
@@ -158,7 +158,10 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
                "--log-file", log_path, sys.executable, "-m", "kbit.bench.ncu", "--child", spec_path]
         print("profiling under Nsight Compute: " + " ".join(cmd), flush=True)
         rc = subprocess.run(cmd).returncode
-        log = open(log_path).read() if os.path.exists(log_path) else ""
+        log = ""
+        if os.path.exists(log_path):
+            with open(log_path) as f:
+                log = f.read()
         if rc != 0 or not os.path.exists(manifest_path):
             print(f"ncu run failed (rc {rc}); its output ends:\n" + log[-2000:], file=sys.stderr)
             return None
@@ -195,10 +198,7 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
           "graph-timed figures and do not compare with them.")
     print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title)
     return {
-        "kernels": list(kernels),
-        "fp16_us": {f"{m},{s}": v for (m, s), v in fp16.items()},
-        "kbit_us": {f"{m},{s},{k}": v for (m, s, k), v in results.items()},
-        "weight_bytes": {f"{s},{k}": v for (s, k), v in weight_bytes.items()},
+        **tables_json(kernels, results, fp16, weight_bytes),
         "kernel_names": names,
         "sm_clock_mhz": {str(m): v for m, v in clocks.items()},
     }
