@@ -82,6 +82,14 @@ template <int K_BITS> constexpr int kDepth = KBIT_MMA_DEPTH(K_BITS);  // items i
 #define KBIT_MMA_UPFRONT 1
 #endif
 template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UPFRONT;
+// Except at NT = 2 (M = 9..16) with k = 2, 3 (3 ring items): there the whole ring goes out
+// before the table build (H200 A/B, NOTES.md v48: dense TOTAL k = 2 M = 12 / 16 -0.5..-1.0 us;
+// at k = 4, 5, 2 items, it gained nothing and cost the single accumulator set its gain).
+#ifndef KBIT_MMA_UPFRONT_NT2_K23
+#define KBIT_MMA_UPFRONT_NT2_K23 1
+#endif
+template <int D, int NT, int K_BITS>
+constexpr int kUpfrontFor = (KBIT_MMA_UPFRONT_NT2_K23 && NT == 2 && K_BITS <= 3) ? D : kUpfront<D>;
 // The register ring's weight loads stream through L2 evict-first (ld.global.cs), so that the
 // weights do not push x, the codebook and the kernel's code out of L2: 2-4% faster at M =
 // 1..16 on the H100 (NOTES.md v15). The bulk copies keep the normal policy: with an
@@ -247,9 +255,14 @@ __device__ __forceinline__ void read_block(uint32_t (&w)[K_BITS], uint32_t& scal
 // lane_base: the table's shared address | this lane's offset in a row.
 // xb[tt]: this lane's staged-x fragments of the step for token tile tt (a zero row for tokens
 // >= M).
-// Accumulator sets per token tile: two halve the chain of dependent MMAs for NT = 1, 2; from
-// NT = 4 on the tiles are independent chains enough (and registers are short).
-template <int NT> constexpr int kAccSets = NT >= 4 ? 1 : 2;
+// Accumulator sets per token tile: two halve the chain of dependent MMAs for NT = 1; from NT =
+// 2 on the tiles are independent chains enough, and one set per tile saves registers (NT = 2:
+// 8 fewer, 110-128 -> 95-114 at k = 4) and the flush's adds (H200 A/B, NOTES.md v48: dense
+// TOTAL M = 12 / 16 k = 4 -0.3..-0.9 us, k = 5 -0.3..-1.2; k = 2 equal).
+#ifndef KBIT_MMA_ACC_SETS_NT2
+#define KBIT_MMA_ACC_SETS_NT2 1
+#endif
+template <int NT> constexpr int kAccSets = NT >= 4 ? 1 : NT == 2 ? KBIT_MMA_ACC_SETS_NT2 : 2;
 
 // k = 5: the table entry for byte I of n (low nibbles) and of hi (high bits: wide, as
 // entry_addr5w wants them; else at bits 6, 7 as entry_addr5 does).
@@ -746,7 +759,7 @@ __device__ __forceinline__ void mma_body(
     }
   } else {
 #pragma unroll
-    for (int d = 0; d < kUpfront<D>; d++) {
+    for (int d = 0; d < kUpfrontFor<D, NT, K_BITS>; d++) {
       load(ring[d], load_cur, d < n_items);
       advance(load_cur);
     }
@@ -785,7 +798,7 @@ __device__ __forceinline__ void mma_body(
   }
   if constexpr (!BULK) {
 #pragma unroll
-    for (int d = kUpfront<D>; d < D; d++) {
+    for (int d = kUpfrontFor<D, NT, K_BITS>; d < D; d++) {
       load(ring[d], load_cur, d < n_items);
       advance(load_cur);
     }
