@@ -82,14 +82,15 @@ template <int K_BITS> constexpr int kDepth = KBIT_MMA_DEPTH(K_BITS);  // items i
 #define KBIT_MMA_UPFRONT 1
 #endif
 template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UPFRONT;
-// Except at NT = 2 (M = 9..16) with k = 2, 3 (3 ring items): there the whole ring goes out
-// before the table build (H200 A/B, NOTES.md v48: dense TOTAL k = 2 M = 12 / 16 -0.5..-1.0 us;
-// at k = 4, 5, 2 items, it gained nothing and cost the single accumulator set its gain).
-#ifndef KBIT_MMA_UPFRONT_NT2_K23
-#define KBIT_MMA_UPFRONT_NT2_K23 1
+// Except at NT = 2 (M = 9..16) with k = 2 (3 ring items): there the whole ring goes out before
+// the table build (NOTES.md v48: dense TOTAL M = 12 / 16 -0.5..-1.0 us on the H200, equal on
+// the H100; k = 3, also 3 items, was 0.2-0.5 us slower on the H100 at M = 16; at k = 4, 5, 2
+// items, it gained nothing and cost the single accumulator set its gain).
+#ifndef KBIT_MMA_UPFRONT_NT2_K2
+#define KBIT_MMA_UPFRONT_NT2_K2 1
 #endif
 template <int D, int NT, int K_BITS>
-constexpr int kUpfrontFor = (KBIT_MMA_UPFRONT_NT2_K23 && NT == 2 && K_BITS <= 3) ? D : kUpfront<D>;
+constexpr int kUpfrontFor = (KBIT_MMA_UPFRONT_NT2_K2 && NT == 2 && K_BITS == 2) ? D : kUpfront<D>;
 // The register ring's weight loads stream through L2 evict-first (ld.global.cs), so that the
 // weights do not push x, the codebook and the kernel's code out of L2: 2-4% faster at M =
 // 1..16 on the H100 (NOTES.md v15). The bulk copies keep the normal policy: with an
