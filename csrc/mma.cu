@@ -996,21 +996,6 @@ __device__ __forceinline__ void mma_body(
 #pragma unroll
         for (int r = 0; r < kMaxKSlices; r++)
           if (r < kslices && r != slice) part[r] = ld_relaxed_u32x4(wtile + size_t(r) * quads + i);
-        // Poll every slice still missing in the same round: one L2 round trip per round for all
-        // of them (waiting for one slice after the other took a round trip per late slice:
-        // NOTES.md v48).
-        for (bool missing = true; missing;) {
-          missing = false;
-#pragma unroll
-          for (int r = 0; r < kMaxKSlices; r++) {
-            if (r >= kslices || r == slice) continue;
-            uint4& p = part[r];
-            if (p.x == 0u || p.y == 0u || p.z == 0u || p.w == 0u) {
-              p = ld_relaxed_u32x4(wtile + size_t(r) * quads + i);
-              missing = true;
-            }
-          }
-        }
         const float4 own = v;
         v = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
@@ -1018,7 +1003,8 @@ __device__ __forceinline__ void mma_body(
           if (r >= kslices) continue;
           float4 add = own;
           if (r != slice) {
-            const uint4& p = part[r];
+            uint4& p = part[r];
+            while (p.x == 0u || p.y == 0u || p.z == 0u || p.w == 0u) p = ld_relaxed_u32x4(wtile + size_t(r) * quads + i);
             __stcg(wtile + size_t(r) * quads + i, make_uint4(0u, 0u, 0u, 0u));
             add = make_float4(__uint_as_float(~p.x), __uint_as_float(~p.y), __uint_as_float(~p.z), __uint_as_float(~p.w));
           }
