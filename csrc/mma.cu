@@ -808,7 +808,7 @@ __device__ __forceinline__ void mma_body(
   KBIT_MMA_MARK(3, BULK ? 0u : ring[0].w[0][0] ^ ring[0].w[1][0]);
 
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
-  // after i is decoded. Two accumulators per token tile halve the chain of dependent MMAs.
+  // after i is decoded. kAccSets accumulators per token tile (2 at NT = 1: half the MMA chain).
   const uint32_t lane_base = kW5 ? (smem_sh & 0xFFFF0000u) | uint32_t(lane) * 4u  // + kWideAt in the LDS
                             : table_sh | (K_BITS == 5 ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
   float acc[NT][kAccSets<NT>][4] = {};
