@@ -257,8 +257,8 @@ __device__ __forceinline__ void read_block(uint32_t (&w)[K_BITS], uint32_t& scal
 // xb[tt]: this lane's staged-x fragments of the step for token tile tt (a zero row for tokens
 // >= M).
 // Accumulator sets per token tile: two halve the chain of dependent MMAs for NT = 1; from NT =
-// 2 on the tiles are independent chains enough, and one set per tile saves registers (NT = 2:
-// 8 fewer, 110-128 -> 95-114 at k = 4) and the flush's adds (H200 A/B, NOTES.md v48: dense
+// 2 on the tiles are independent chains enough, and one set per tile saves registers (NT = 2,
+// register ring: 100-114 at k = 2..5, no spills) and the flush's adds (H200, NOTES.md v48: dense
 // TOTAL M = 12 / 16 k = 4 -0.3..-0.9 us, k = 5 -0.3..-1.2; k = 2 equal).
 #ifndef KBIT_MMA_ACC_SETS_NT2
 #define KBIT_MMA_ACC_SETS_NT2 1
