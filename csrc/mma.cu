@@ -81,7 +81,6 @@ template <int K_BITS> constexpr int kDepth = KBIT_MMA_DEPTH(K_BITS);  // items i
 #ifndef KBIT_MMA_UPFRONT
 #define KBIT_MMA_UPFRONT 1
 #endif
-template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UPFRONT;
 // Except at NT = 2 (M = 9..16) with k = 2 (3 ring items): there the whole ring goes out before
 // the table build (NOTES.md v48: dense TOTAL M = 12 / 16 -0.5..-1.0 us on the H200, equal on
 // the H100; k = 3, also 3 items, was 0.2-0.5 us slower on the H100 at M = 16; at k = 4, 5, 2
@@ -90,7 +89,9 @@ template <int D> constexpr int kUpfront = D < KBIT_MMA_UPFRONT ? D : KBIT_MMA_UP
 #define KBIT_MMA_UPFRONT_NT2_K2 1
 #endif
 template <int D, int NT, int K_BITS>
-constexpr int kUpfrontFor = (KBIT_MMA_UPFRONT_NT2_K2 && NT == 2 && K_BITS == 2) ? D : kUpfront<D>;
+constexpr int kUpfront = (KBIT_MMA_UPFRONT_NT2_K2 && NT == 2 && K_BITS == 2) ? D
+                         : D < KBIT_MMA_UPFRONT                               ? D
+                                                                              : KBIT_MMA_UPFRONT;
 // The register ring's weight loads stream through L2 evict-first (ld.global.cs), so that the
 // weights do not push x, the codebook and the kernel's code out of L2: 2-4% faster at M =
 // 1..16 on the H100 (NOTES.md v15). The bulk copies keep the normal policy: with an
@@ -760,7 +761,7 @@ __device__ __forceinline__ void mma_body(
     }
   } else {
 #pragma unroll
-    for (int d = 0; d < kUpfrontFor<D, NT, K_BITS>; d++) {
+    for (int d = 0; d < kUpfront<D, NT, K_BITS>; d++) {
       load(ring[d], load_cur, d < n_items);
       advance(load_cur);
     }
@@ -799,7 +800,7 @@ __device__ __forceinline__ void mma_body(
   }
   if constexpr (!BULK) {
 #pragma unroll
-    for (int d = kUpfrontFor<D, NT, K_BITS>; d < D; d++) {
+    for (int d = kUpfront<D, NT, K_BITS>; d < D; d++) {
       load(ring[d], load_cur, d < n_items);
       advance(load_cur);
     }
