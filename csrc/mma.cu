@@ -991,12 +991,16 @@ __device__ __forceinline__ void mma_body(
     const int rg = i / (M * 4), rest = i - rg * M * 4, m = rest >> 2, row = (rest & 3) * 4;
     const int n = (group0 + rg) * kRows + row;
     if (n < N) {
-      float4 v = partial(rg, m, row);
+      // split: the first look at the other slices' partials goes out before this slice's own
+      // sum (shared loads), so that the sum overlaps its L2 round trip
+      uint4 part[kMaxKSlices];
       if (SPLIT) {
-        uint4 part[kMaxKSlices];
 #pragma unroll
         for (int r = 0; r < kMaxKSlices; r++)
           if (r < kslices && r != slice) part[r] = ld_relaxed_u32x4(wtile + size_t(r) * quads + i);
+      }
+      float4 v = partial(rg, m, row);
+      if (SPLIT) {
         const float4 own = v;
         v = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
