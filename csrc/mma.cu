@@ -183,12 +183,23 @@ __host__ __device__ constexpr int slot_position(int s, int u) {
                      : 16 * (s & 1) + (s >> 1) + 4 * u;  // word r = s / 2, byte pair h = s % 2
 }
 
-// Codebook table, private per lane (entry e of lane L at e * 256 + L * entry bytes): k = 2:
+// Codebook table, private per lane (entry e of lane L at e * 256 + L * entry bytes; k = 2: of
+// lanes L and L + 16 at e * 256 + (L % 16) * 8, below): k = 2:
 // 256 entries of 4 values (a byte of 2-bit indices); k = 3, 4: 128 / 256 entries of 2 values
 // (a byte of two nibbles), at a 64 KB aligned shared address (entry_addr). k = 5: 1024
 // entries of 2 values (two nibbles + their 2 high bits), entry (lo, hi) of lane L at
 // lo * 256 + hi * 64 + (L % 16) * 4 (entry_addr5): lanes L and L + 16 share a column, so
 // the lookups are 2-way bank conflicts; private columns need 128 KB (kWide5 below, M <= 8).
+// k = 2 gives each entry 16 columns of 8 bytes (lanes L and L + 16 share one, the first 128
+// bytes of each 256-byte row): its lookups are 8-byte loads, which shared memory serves a
+// half-warp at a time, so lanes L and L + 16 do not conflict, and the build writes 32 KB
+// instead of 64 (H100, NOTES.md v50: every k = 2 call at M = 1..16 0.1-0.35 us faster, dense
+// TOTAL -0.7..-1.6 us in two same-run A/Bs; KBIT_MMA_K2_COLS = 32: a column per lane, the
+// earlier table).
+#ifndef KBIT_MMA_K2_COLS
+#define KBIT_MMA_K2_COLS 16
+#endif
+static_assert(KBIT_MMA_K2_COLS == 16 || KBIT_MMA_K2_COLS == 32, "k = 2 table columns: 16 or 32");
 template <int K_BITS>
 __host__ __device__ constexpr int table_bytes() {
   return K_BITS == 2 ? 256 * 256 : K_BITS == 3 ? 128 * 256 : 256 * 256;
@@ -699,11 +710,12 @@ __device__ __forceinline__ void mma_body(
         if (i < 1024 * 4) reinterpret_cast<uint4*>(table + e * 64)[i & 3] = make_uint4(v, v, v, v);
       }
     } else if constexpr (K_BITS == 2) {
-      for (int i = threadIdx.x; i < whole(256 * 16); i += kThreads) {  // 2 lanes per 16-byte store
-        const int e = i >> 4;
+      constexpr int kStores = KBIT_MMA_K2_COLS / 2;  // 16-byte stores per entry (2 columns each)
+      for (int i = threadIdx.x; i < whole(256 * kStores); i += kThreads) {
+        const int e = i / kStores;
         const uint32_t lo = Pair<T>::pack(cb(e & 3), cb((e >> 2) & 3));
         const uint32_t hi = Pair<T>::pack(cb((e >> 4) & 3), cb((e >> 6) & 3));
-        if (i < 256 * 16) reinterpret_cast<uint4*>(table)[i] = make_uint4(lo, hi, lo, hi);
+        if (i < 256 * kStores) reinterpret_cast<uint4*>(table + e * 256)[i % kStores] = make_uint4(lo, hi, lo, hi);
       }
     } else {
       constexpr int entries = table_bytes<K_BITS>() / 256;
@@ -811,7 +823,9 @@ __device__ __forceinline__ void mma_body(
   // 3. Main loop over this warp's items. Item i's slot is refilled with item i + D right
   // after i is decoded. kAccSets accumulators per token tile (2 at NT = 1: half the MMA chain).
   const uint32_t lane_base = kW5 ? (smem_sh & 0xFFFF0000u) | uint32_t(lane) * 4u  // + kWideAt in the LDS
-                            : table_sh | (K_BITS == 5 ? uint32_t(lane & 15) * 4u : uint32_t(lane) * (K_BITS == 2 ? 8u : 4u));
+                            : table_sh | (K_BITS == 5   ? uint32_t(lane & 15) * 4u
+                                          : K_BITS == 2 ? uint32_t(lane & (KBIT_MMA_K2_COLS - 1)) * 8u
+                                                        : uint32_t(lane) * 4u);
   float acc[NT][kAccSets<NT>][4] = {};
   // this lane's staged x (token tt * 8 + g) at step 0, or the zero row
   const T* xb0[NT];
