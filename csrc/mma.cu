@@ -193,7 +193,7 @@ __host__ __device__ constexpr int slot_position(int s, int u) {
 // k = 2 gives each entry 16 columns of 8 bytes (lanes L and L + 16 share one, the first 128
 // bytes of each 256-byte row): its lookups are 8-byte loads, which shared memory serves a
 // half-warp at a time, so lanes L and L + 16 do not conflict, and the build writes 32 KB
-// instead of 64 (H100, NOTES.md v50: every k = 2 call at M = 1..16 0.1-0.35 us faster, dense
+// instead of 64 (H100, NOTES.md v50: k = 2 calls at M = 1..16 0.1-0.35 us faster, dense
 // TOTAL -0.7..-1.6 us in two same-run A/Bs; KBIT_MMA_K2_COLS = 32: a column per lane, the
 // earlier table).
 #ifndef KBIT_MMA_K2_COLS
