@@ -6,8 +6,8 @@ cuBLAS per range of M measured by `kbit bench --suite linear` (the table's heade
 command that regenerates it); other shapes use its DEFAULT (the tensor-core kernel for M <=
 32). "wgmma" (Hopper only) falls back to "mma" where the device or shape cannot take it
 (wgmma_supports); "mma" falls back to the scalar GEMV (M <= 4) when x is too large to stage
-in shared memory (mma_supports), then to dequantize. "mma" and "gemv" calls skip the
-torch.library dispatch in eager mode (`_fast_small`). A flat weight, or an M past the table,
+in shared memory (mma_supports), then to dequantize. "gemv", "mma" and "wgmma" calls skip
+the torch.library dispatch in eager mode (`_fast_small`). A flat weight, or an M past the table,
 takes dequantize into a reused per-(device, stream, dtype) buffer +
 torch.nn.functional.linear (cuBLAS). With `out` given (contiguous [M, N], x's dtype) the
 small-M kernels write into it directly.
@@ -74,9 +74,9 @@ def _launch_args(qweight: QuantizedWeight, dev: torch.device):
 
 
 def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
-    """Eager CUDA call of the mma or gemv kernel (the same C signature, plus mma's split-K
-    workspace) without the torch.library dispatch (51 -> 18 us of host time per call at M = 1,
-    NOTES.md), or None when any
+    """Eager CUDA call of the gemv, mma or wgmma kernel (the same C signature, plus the split
+    workspace of mma and wgmma) without the torch.library dispatch (51 -> 18 us of host time per
+    call at M = 1, NOTES.md), or None when any
     precondition fails (the caller then takes the op path, which checks everything and raises
     the errors). qweight's fields were validated when it was built (frozen dataclass)."""
     lib = _lib._lib
@@ -89,17 +89,25 @@ def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
     key = (kernel, m, kdim, n, wargs[4], dev.index, x2.dtype)
     hit = _supported.get(key)
     if hit is None:
-        need = 0
-        if kernel == "mma":
+        # the kernel that runs: as in linear's op path, "wgmma" falls back to "mma" where the
+        # device or shape cannot take it
+        run, need = kernel, 0
+        if kernel == "wgmma" and not ops.wgmma_supports(m, kdim, n, wargs[4], dev):
+            run = "mma"
+        if run == "wgmma":
+            ok = True
+        elif run == "mma":
             ok = ops.mma_supports(m, kdim, n, wargs[4], dev)
-            if ok:  # its split-K workspace bytes (kbit/ops.py _workspace_need)
-                need = ops._workspace_need(lib, "mma", dev.index, x2.dtype, m, kdim, n, wargs[4], wargs[2])
         else:  # the GEMV takes any K (x from global memory when it does not fit shared memory)
             ok = 1 <= m <= ops.GEMV_MAX_M
-        hit = _supported[key] = (ok, need)
-    ok, need = hit
+        if ok and run != "gemv":  # the split workspace bytes (kbit/ops.py _workspace_need)
+            need = ops._workspace_need(lib, run, dev.index, x2.dtype, m, kdim, n, wargs[4], wargs[2])
+        hit = _supported[key] = (ok, run, need)
+    ok, run, need = hit
     if not ok:
         return None
+    if run == "wgmma" and (x2.data_ptr() % 16 or x2.stride(0) % 8):
+        return None  # its TMA reads 16-byte aligned x rows; the op path copies x
     if bias is not None and (bias.dtype != x2.dtype or bias.shape != (n,) or bias.device != dev
                              or not bias.is_contiguous()):
         return None
@@ -114,13 +122,13 @@ def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
     args = (index, stream, x2.data_ptr(), _lib.DTYPE_CODES[x2.dtype], m, x2.stride(0),
             wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[5],
             bias.data_ptr() if bias is not None else None, y.data_ptr(), n)
-    if kernel == "mma":
-        ws = ops._workspace(lib, "mma", x2, index, stream, need)
-        rc = lib.kbit_mma(*args, *((ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)))
-    else:
+    if run == "gemv":
         rc = lib.kbit_gemv(*args)
+    else:
+        ws = ops._workspace(lib, run, x2, index, stream, need)
+        rc = getattr(lib, "kbit_" + run)(*args, *((ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)))
     if rc:
-        _lib.check(rc, kernel)
+        _lib.check(rc, run)
     return y
 
 
@@ -137,7 +145,7 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
     kernel = kernel_for(m, n, kdim, qweight.k)
-    if x2.is_cuda and m > 0 and kernel in ("mma", "gemv") and not torch.compiler.is_compiling():
+    if x2.is_cuda and m > 0 and kernel != "dq" and not torch.compiler.is_compiling():
         y = _fast_small(kernel, x2, qweight, bias, out, m, n, kdim)
         if y is not None:
             return out if y is out else y.view(*lead, n)

@@ -437,11 +437,16 @@ def force_wgmma_config(tn: int = 0, wg: int = 0, splits: int = 0, k5_table: str 
     the SMs and N a multiple of the CTA's rows, else automatic); 0 = automatic. k5_table: k = 5's codebook table, "narrow"
     (64 KB, lanes share columns: 2 CTAs may share an SM), "wide" (128 KB, no bank conflicts,
     one CTA per SM) or "auto" (wide where a CTA runs alone on its SM)."""
+    from .linear import _supported as fast_path_cache  # here: kbit.linear imports this module
+
     if k5_table not in _K5_TABLES:
         raise ValueError(f"k5_table must be one of {sorted(_K5_TABLES)}, got {k5_table!r}")
     if _lib.available():
         _lib._lib.kbit_wgmma_force_config(int(tn), int(wg), int(splits), _K5_TABLES[k5_table])
-        _ws_need.clear()  # the stream-K decision follows the forced configuration
+    # the stream-K decision follows the forced configuration: the workspace sizes and
+    # kbit.linear's fast path (which caches them) start again
+    _ws_need.clear()
+    fast_path_cache.clear()
 
 
 def _device_index(device) -> int:

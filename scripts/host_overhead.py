@@ -2,7 +2,9 @@
 
 Prints wall-clock us per call of back-to-back calls for: the whole kbit.linear, its pieces
 (dispatch lookup, output allocation, the ctypes call alone with M = 0 so nothing launches, the
-ctypes call that launches), and eager fp16 torch.matmul / F.linear as the reference.
+ctypes call that launches), and eager fp16 torch.matmul / F.linear as the reference; then the
+same shape at M = 64, which the dispatch table gives to wgmma (kbit.linear against the
+torch.library op it bypasses, and fp16), with each call's GPU time for comparison.
 Usage: python scripts/host_overhead.py [calls]
 """
 import sys
@@ -59,3 +61,35 @@ rows = [
 ]
 for name, fn in rows:
     print(f"{name:40s} {per_call(fn):7.2f} us")
+
+# M = 64: the wgmma path (its GPU time per call from CUDA events over the same calls, hot)
+x64 = torch.randn(64, K, dtype=torch.float16, device="cuda")
+y64 = torch.empty(64, N, dtype=torch.float16, device="cuda")
+print(f"M = 64: dispatch table kernel {L.kernel_for(64, N, K, 4)!r}")
+
+
+def gpu_us(fn, reps=200):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(20):
+            fn()
+    g.replay()
+    start.record()
+    for _ in range(reps // 20):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+rows64 = [
+    ("kbit.linear(x64, q, out=y64)", lambda: kbit.linear(x64, q, out=y64)),
+    ("kbit.linear(x64, q)", lambda: kbit.linear(x64, q)),
+    ("ops.wgmma_out (torch.library op)", lambda: ops.wgmma_out(x64, q.packed, q.absmax, q.codebook, N, K, 0, None, y64)),
+    ("fp16 F.linear(x64, w)", lambda: torch.nn.functional.linear(x64, w)),
+]
+for name, fn in rows64:
+    print(f"{name:40s} {per_call(fn):7.2f} us wall, {gpu_us(fn):6.2f} us GPU (graph, hot)")

@@ -430,3 +430,68 @@ def test_linear_each_dispatched_kernel(device, kernel, monkeypatch, rng):
         got = kbit.linear(x, q, out=out)
         assert got is out
         assert _rel_err(got.cpu(), _reference(x, q)) <= TOL[torch.float16]
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_wgmma_fast_path(dtype, monkeypatch, rng):
+    """Where the table says wgmma, eager kbit.linear launches it directly (no torch.library op:
+    no call reaches ops._small_m_cuda_into) when x's rows are 16-byte aligned, with bias, with
+    and without out=, at M = 17 .. 256 (M = 256 on the 5120-row weight may run stream-K, with
+    its workspace); a misaligned x takes the op path, which copies it. A device without wgmma
+    runs mma (M <= its limit) or the op path. All against the reference."""
+    from kbit import dispatch_table
+
+    calls = []
+    real = ops._small_m_cuda_into
+    monkeypatch.setattr(ops, "_small_m_cuda_into", lambda cfn, *a: (calls.append(cfn), real(cfn, *a))[1])
+    for (n, kdim, k), ms in (((512, 2048, 4), (17, 64)), ((5120, 2048, 2), (256,))):
+        monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((1 << 20, "wgmma"),)})
+        q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k))
+        bias = torch.randn(n, generator=rng).to(dtype).cuda()
+        for m in ms:
+            direct = ops.wgmma_supports(m, kdim, n, k, "cuda") or ops.mma_supports(m, kdim, n, k, "cuda")
+            x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
+            want = _reference(x, q, bias)
+            calls.clear()
+            got = kbit.linear(x, q, bias)
+            assert got.shape == (m, n) and _rel_err(got.cpu(), want) <= TOL[dtype]
+            assert calls == [] or not direct
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            calls.clear()
+            assert kbit.linear(x, q, bias, out=out) is out
+            assert _rel_err(out.cpu(), want) <= TOL[dtype]
+            assert calls == [] or not direct
+            buf = torch.empty(m, kdim + 8, dtype=dtype, device="cuda")
+            xm = buf[:, 1:kdim + 1]  # rows 2 bytes past a 16-byte boundary, stride K + 8
+            xm.copy_(x)
+            calls.clear()
+            got = kbit.linear(xm, q, bias)
+            assert _rel_err(got.cpu(), want) <= TOL[dtype]
+            if ops.wgmma_supports(m, kdim, n, k, "cuda"):
+                assert calls == ["kbit_wgmma"]
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_linear_wgmma_graph_replay_new_inputs(monkeypatch, rng):
+    """A CUDA graph of kbit.linear calls on the wgmma path (stream-K workspace from the graph's
+    pool at M = 256) replays with new inputs."""
+    from kbit import dispatch_table
+
+    n, kdim, k = 5120, 2048, 4
+    monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((1 << 20, "wgmma"),)})
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k))
+    xs = [torch.randn(m, kdim, dtype=torch.float16, device="cuda") for m in (64, 256)]
+    for x in xs:
+        kbit.linear(x, q)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ys = [kbit.linear(x, q) for x in xs]
+    for _ in range(2):
+        for x in xs:
+            x.copy_(torch.randn(x.shape, generator=rng).to(torch.float16))
+        g.replay()
+        torch.cuda.synchronize()
+        for x, y in zip(xs, ys):
+            assert _rel_err(y.cpu(), _reference(x, q)) <= TOL[torch.float16]

@@ -10,7 +10,7 @@ import importlib
 import pytest
 import torch
 
-from kbit import ops
+from kbit import _lib, ops
 
 
 class FakeLib:
@@ -140,9 +140,21 @@ def test_forced_split_clears_plan_caches(cache, monkeypatch):
     """A forced K split changes the workspace bytes and what mma takes: every cache of them
     (mma_supports', the workspace sizes, kbit.linear's fast path) starts again."""
     linear = importlib.import_module("kbit.linear")  # the module (kbit.linear is the function)
-    monkeypatch.setattr(linear, "_supported", {("mma", 8, 2048, 5120, 4, 0, torch.float16): (True, 64)})
+    monkeypatch.setattr(linear, "_supported", {("mma", 8, 2048, 5120, 4, 0, torch.float16): (True, "mma", 64)})
     monkeypatch.setattr(ops, "_max_m", {(0, 4, 5120, 2048): 64})
     assert _ws(FakeLib(NEED), 7, kernel="mma") is not None
     assert cache._ws_need
     ops.force_mma_ksplit(0)
     assert not linear._supported and not ops._max_m and not cache._ws_need
+
+
+def test_forced_wgmma_config_clears_workspace_caches(cache, monkeypatch):
+    """A forced wgmma configuration changes whether a call runs stream-K (its workspace bytes):
+    the workspace sizes and kbit.linear's fast path, which caches them, start again."""
+    linear = importlib.import_module("kbit.linear")
+    monkeypatch.setattr(linear, "_supported", {("wgmma", 64, 2048, 5120, 4, 0, torch.float16): (True, "wgmma", NEED)})
+    assert _ws(FakeLib(NEED), 7) is not None
+    assert cache._ws_need
+    monkeypatch.setattr(_lib, "available", lambda: False)  # the bookkeeping only, no library call
+    ops.force_wgmma_config()
+    assert not linear._supported and not cache._ws_need
