@@ -9,7 +9,8 @@ command that regenerates it); other shapes use its DEFAULT (the tensor-core kern
 in shared memory (mma_supports), then to dequantize. "gemv", "mma" and "wgmma" calls skip
 the torch.library dispatch in eager mode (`_fast_small`). A flat weight, or an M past the table,
 takes dequantize into a reused per-(device, stream, dtype) buffer +
-torch.nn.functional.linear (cuBLAS). With `out` given (contiguous [M, N], x's dtype) the
+torch.nn.functional.linear (cuBLAS); in eager mode the dequantize is a direct call too
+(`_fast_dequantize`). With `out` given (contiguous [M, N], x's dtype) the
 small-M kernels write into it directly.
 """
 
@@ -54,20 +55,21 @@ _supported: dict = {}
 
 
 def _launch_args(qweight: QuantizedWeight, dev: torch.device):
-    """(packed, absmax, absmax code, codebook pointers, k, exponent) of a tiled64 weight on
-    `dev` whose tensors are contiguous, else None; cached per weight (its fields are frozen;
-    the cache entry is checked against the packed pointer and dropped with the weight)."""
+    """(packed, absmax, absmax code, codebook pointers, k, exponent, layout code) of a weight
+    on `dev` whose tensors are contiguous and 16-byte aligned, else None; cached per weight (its
+    fields are frozen; the cache entry is checked against the packed pointer and dropped with
+    the weight)."""
     hit = _weight_args.get(id(qweight))
     if hit is not None and hit[0]() is qweight and hit[1][0] == qweight.packed.data_ptr():
         return hit[1]
-    if (qweight.layout != "tiled64" or qweight.device != dev
+    if (qweight.device != dev
             or not (qweight.packed.is_contiguous() and qweight.absmax.is_contiguous()
                     and qweight.codebook.is_contiguous())
             or qweight.packed.data_ptr() % 16 or qweight.absmax.data_ptr() % 16):
         return None  # the op path checks everything and copies misaligned weights
     args = (qweight.packed.data_ptr(), qweight.absmax.data_ptr(),
             _lib.ABSMAX_CODES[qweight.absmax_format], qweight.codebook.data_ptr(), qweight.k,
-            qweight.absmax_exponent)
+            qweight.absmax_exponent, _lib.LAYOUT_CODES[qweight.layout])
     key = id(qweight)
     _weight_args[key] = (weakref.ref(qweight, lambda _: _weight_args.pop(key, None)), args)
     return args
@@ -84,7 +86,7 @@ def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
     if lib is None or dev.type != "cuda" or x2.stride(-1) != 1:
         return None
     wargs = _launch_args(qweight, dev)
-    if wargs is None:
+    if wargs is None or qweight.layout != "tiled64":
         return None
     key = (kernel, m, kdim, n, wargs[4], dev.index, x2.dtype)
     hit = _supported.get(key)
@@ -132,6 +134,26 @@ def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
     return y
 
 
+def _fast_dequantize(qweight: QuantizedWeight, w: torch.Tensor) -> bool:
+    """Eager CUDA dequantize of qweight into `w` (the per-stream buffer of _dequant_buffer:
+    contiguous [N, K], qweight's device) without the torch.library dispatch (~60 us of host
+    time per call, NOTES.md v51); False when it does not apply (the caller then takes the op)."""
+    lib = _lib._lib
+    dev = w.device
+    n, kdim = qweight.shape
+    if lib is None or dev.type != "cuda" or n == 0 or kdim == 0 or torch.compiler.is_compiling():
+        return False
+    wargs = _launch_args(qweight, dev)
+    if wargs is None:
+        return False
+    index = dev.index
+    stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+    rc = lib.kbit_dequantize(index, stream, wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[6],
+                             wargs[5], w.data_ptr(), _lib.DTYPE_CODES[w.dtype])
+    _lib.check(rc, "dequantize")
+    return True
+
+
 def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     if not isinstance(qweight, QuantizedWeight):
@@ -166,8 +188,17 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
         y = small[0](*args, bias)
     else:
         w = _dequant_buffer(qweight, x.dtype)
-        ops.dequantize_out(qweight.packed, qweight.absmax, qweight.codebook, n, kdim,
-                           qweight.layout, qweight.absmax_exponent, w)
+        if not _fast_dequantize(qweight, w):
+            ops.dequantize_out(qweight.packed, qweight.absmax, qweight.codebook, n, kdim,
+                               qweight.layout, qweight.absmax_exponent, w)
+        if (out is not None and out.is_contiguous() and out.dtype == x.dtype and out.device == x.device
+                and out.numel() == m * n and not torch.compiler.is_compiling()):
+            # the product straight into `out` (no temporary and copy: 10 MB at M = 1024 here)
+            if bias is None:
+                torch.matmul(x2, w.T, out=out.view(m, n))
+            else:
+                torch.addmm(bias, x2, w.T, out=out.view(m, n))
+            return out
         y = torch.nn.functional.linear(x2, w, bias)
     y = y.view(*lead, n)
     if out is not None:

@@ -4,7 +4,8 @@ Prints wall-clock us per call of back-to-back calls for: the whole kbit.linear, 
 (dispatch lookup, output allocation, the ctypes call alone with M = 0 so nothing launches, the
 ctypes call that launches), and eager fp16 torch.matmul / F.linear as the reference; then the
 same shape at M = 64, which the dispatch table gives to wgmma (kbit.linear against the
-torch.library op it bypasses, and fp16), with each call's GPU time for comparison.
+torch.library op it bypasses, and fp16), and at M = 1024 (dequantize + cuBLAS: kbit.linear
+against the same with the dequantize op), with each call's GPU time for comparison.
 Usage: python scripts/host_overhead.py [calls]
 """
 import sys
@@ -92,4 +93,24 @@ rows64 = [
     ("fp16 F.linear(x64, w)", lambda: torch.nn.functional.linear(x64, w)),
 ]
 for name, fn in rows64:
+    print(f"{name:40s} {per_call(fn):7.2f} us wall, {gpu_us(fn):6.2f} us GPU (graph, hot)")
+
+# M = 1024: dequantize + cuBLAS (the table's "dq" on the H100 tables of session 41)
+x1k = torch.randn(1024, K, dtype=torch.float16, device="cuda")
+y1k = torch.empty(1024, N, dtype=torch.float16, device="cuda")
+wq = torch.empty(N, K, dtype=torch.float16, device="cuda")
+print(f"M = 1024: dispatch table kernel {L.kernel_for(1024, N, K, 4)!r}")
+
+
+def dq_op_then_matmul():
+    ops.dequantize_out(q.packed, q.absmax, q.codebook, N, K, q.layout, 0, wq)
+    torch.matmul(x1k, wq.T, out=y1k)
+
+
+rows1k = [
+    ("kbit.linear(x1k, q, out=y1k)", lambda: kbit.linear(x1k, q, out=y1k)),
+    ("ops.dequantize_out + matmul", dq_op_then_matmul),
+    ("fp16 torch.matmul(x1k, w.T, out=y1k)", lambda: torch.matmul(x1k, w.T, out=y1k)),
+]
+for name, fn in rows1k:
     print(f"{name:40s} {per_call(fn):7.2f} us wall, {gpu_us(fn):6.2f} us GPU (graph, hot)")

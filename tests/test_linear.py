@@ -495,3 +495,40 @@ def test_linear_wgmma_graph_replay_new_inputs(monkeypatch, rng):
         torch.cuda.synchronize()
         for x, y in zip(xs, ys):
             assert _rel_err(y.cpu(), _reference(x, q)) <= TOL[torch.float16]
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_linear_dq_fast_path(dtype, monkeypatch, rng):
+    """Eager kbit.linear's dequantize + cuBLAS path calls the dequantize kernel directly (no
+    call reaches ops._dequantize_cuda_into) for tiled64 and flat weights, with bias and out=,
+    and the buffer it reuses holds the next weight's values, not the last one's; a CUDA graph of
+    the path replays with new inputs."""
+    from kbit import dispatch_table
+
+    calls = []
+    real = ops._dequantize_cuda_into
+    monkeypatch.setattr(ops, "_dequantize_cuda_into", lambda *a: (calls.append(1), real(*a))[1])
+    n, kdim = 200, 4128
+    for k in (2, 5):
+        monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((1, "dq"),)})
+        flat = kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k)
+        bias = torch.randn(n, generator=rng).to(dtype).cuda()
+        for q in (kbit.repack(flat), flat):
+            for m in (1, 37):
+                x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
+                out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+                calls.clear()
+                assert kbit.linear(x, q, bias, out=out) is out
+                assert calls == []
+                assert _rel_err(out.cpu(), _reference(x, q, bias)) <= TOL[dtype]
+    x = torch.randn(37, kdim, dtype=dtype, device="cuda")
+    kbit.linear(x, q)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = kbit.linear(x, q)
+    x.copy_(torch.randn(x.shape, generator=rng).to(dtype))
+    g.replay()
+    torch.cuda.synchronize()
+    assert _rel_err(y.cpu(), _reference(x, q)) <= TOL[dtype]
