@@ -972,11 +972,17 @@ bool wgmma_capable(int device) {
 // 512, k = 4: gateup 256.2 20.3 / 27.7 (128.2 19.6 / 42.3); down 128.1 20.7, 128.2 27.4 (256.2
 // 25.0 / 30.0); KV 128.1 9.5 / 10.4 (256.1 11.4 / 12.4). The K split is chosen in launch_cfg, where the
 // kernel's occupancy is known.
-// With a stream-K workspace (sk) and k >= 4, M = 193..256 also takes TN = 256 with one
-// warpgroup where fewer 64-row tiles make less than 0.45 of a wave but enough units for
-// stream-K (launch_cfg's condition). H100, M = 256, us (128.1 cluster split -> 256.1
-// stream-K): down k = 4 20.9 -> 20.1, k = 5 22.1 -> 20.4 (same run); at k = 2, 3 down and O
-// were 2-3 us slower (bench v23 against v22), so not there (NOTES.md v23).
+// With a stream-K workspace (sk), M = 193..256 also takes TN = 256 with one warpgroup where
+// fewer 64-row tiles make less than 0.45 of a wave but enough units for stream-K (launch_cfg's
+// condition). H100, M = 256, us (128.1 cluster split -> 256.1 stream-K): down k = 4 20.9 ->
+// 20.1, k = 5 22.1 -> 20.4 (same run). At k = 2, 3 down and O were 2-3 us slower in session
+// 20 (bench v23 against v22), so only k >= 4 took it until session 41, whose H200 A/B (today's
+// stream-K, NOTES.md v51) measured k = 2, 3 down 18.7 -> 16.6 us and O 15.8 -> 14.7 at M = 256
+// (dense TOTAL -3.0..-3.6 us): now every k takes it. Not yet measured on an H100 this way;
+// KBIT_WG_SK_TILE_MIN_BITS=4 restores the old rule.
+#ifndef KBIT_WG_SK_TILE_MIN_BITS
+#define KBIT_WG_SK_TILE_MIN_BITS 2  // the smallest k that takes the stream-K tile above
+#endif
 void choose(int64_t M, int64_t N, int64_t K, bool sk, int& tn, int& wg, int sms) {
   const int64_t rows1 = ceil_div(N, 64);  // row tiles of a 1-warpgroup CTA
   const int64_t rows2 = ceil_div(N, 128);  // row tiles of a 2-warpgroup CTA
@@ -1230,7 +1236,7 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
     return cudaErrorInvalidValue;
   };
   const bool has_ws = ws.ptr != nullptr || ws.need != nullptr;
-  const bool sk = K_BITS >= 4 && has_ws;
+  const bool sk = K_BITS >= KBIT_WG_SK_TILE_MIN_BITS && has_ws;
   // The tile of a launch with or without a stream-K workspace: choose(), then at TN = 32 two
   // warpgroups (128-row tiles) where the split model costs them at most 2/3 of one
   // warpgroup's. Gateup (5120 x 2048) at k = 4: 2 CTAs of the 64 KB-table kernel per SM fit
@@ -1241,7 +1247,7 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
   // more (NOTES.md v23, v26, v27). The cost queries model stream-K exactly when the launch
   // has a workspace (launch_cfg considers it at every k).
   auto pick = [&](bool with_ws, int& tn, int& wg) {
-    choose(M, N, K, with_ws && K_BITS >= 4, tn, wg, sms);
+    choose(M, N, K, with_ws && K_BITS >= KBIT_WG_SK_TILE_MIN_BITS, tn, wg, sms);
     if (tn == 32 && wg == 1 && forced_tn() == 0 && forced_wg() == 0 && splits == 0) {
       int64_t need = 0, c1 = -1, c2 = -1;
       int64_t* np = with_ws ? &need : nullptr;
