@@ -95,7 +95,7 @@ rows64 = [
 for name, fn in rows64:
     print(f"{name:40s} {per_call(fn):7.2f} us wall, {gpu_us(fn):6.2f} us GPU (graph, hot)")
 
-# M = 1024: dequantize + cuBLAS (the table's "dq" on the H100 tables of session 41)
+# M = 1024: dequantize + cuBLAS (the dispatch table's "dq" for this shape and k)
 x1k = torch.randn(1024, K, dtype=torch.float16, device="cuda")
 y1k = torch.empty(1024, N, dtype=torch.float16, device="cuda")
 wq = torch.empty(N, K, dtype=torch.float16, device="cuda")
