@@ -978,11 +978,33 @@ bool wgmma_capable(int device) {
 // 20.1, k = 5 22.1 -> 20.4 (same run). At k = 2, 3 down and O were 2-3 us slower in session
 // 20 (bench v23 against v22), so only k >= 4 took it until session 41, whose H200 A/B (today's
 // stream-K, NOTES.md v51) measured k = 2, 3 down 18.7 -> 16.6 us and O 15.8 -> 14.7 at M = 256
-// (dense TOTAL -3.0..-3.6 us): now every k takes it. Not yet measured on an H100 this way;
-// KBIT_WG_SK_TILE_MIN_BITS=4 restores the old rule.
-#ifndef KBIT_WG_SK_TILE_MIN_BITS
-#define KBIT_WG_SK_TILE_MIN_BITS 2  // the smallest k that takes the stream-K tile above
+// (dense TOTAL -3.0..-3.6 us). Session 42's H100 A/B of the same two libraries measured k = 2,
+// 3 slower there still (dense TOTAL M = 224 +4.1..+4.2 us, M = 256 +1.2..+1.5; down / O at M =
+// 224, k = 2: 18.3 -> 20.7 / 15.8 -> 18.1 us). So k = 2, 3 take it only on a device whose DRAM
+// peak is at least KBIT_WG_SK_TILE_LOWBIT_GBPS (from the memory clock and bus width: H100 SXM
+// ~3350 GB/s, H200 ~4800).
+#ifndef KBIT_WG_SK_TILE_LOWBIT_GBPS
+#define KBIT_WG_SK_TILE_LOWBIT_GBPS 4000
 #endif
+// Peak DRAM bandwidth of `device` in GB/s (2 transfers per memory clock); 0 where the driver
+// does not report the clock or the bus width. Read once per device.
+int dram_peak_gbps(int device) {
+  static int known[64] = {};  // 0 unknown, -1 not reported, else GB/s
+  if (device < 0 || device >= 64) return 0;
+  if (known[device] == 0) {
+    int khz = 0, bits = 0;
+    const bool ok = cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess &&
+                    khz > 0 && bits > 0;
+    cudaGetLastError();  // a failed query leaves no error behind for the next launch
+    known[device] = ok ? max(1, int(2.0 * khz * 1e3 * (bits / 8) / 1e9)) : -1;
+  }
+  return max(known[device], 0);
+}
+// Whether a K_BITS call may take choose()'s stream-K tile at M = 193..256 (see above).
+bool sk_tile_allowed(int device, int k_bits) {
+  return k_bits >= 4 || dram_peak_gbps(device) >= KBIT_WG_SK_TILE_LOWBIT_GBPS;
+}
 void choose(int64_t M, int64_t N, int64_t K, bool sk, int& tn, int& wg, int sms) {
   const int64_t rows1 = ceil_div(N, 64);  // row tiles of a 1-warpgroup CTA
   const int64_t rows2 = ceil_div(N, 128);  // row tiles of a 2-warpgroup CTA
@@ -1236,7 +1258,7 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
     return cudaErrorInvalidValue;
   };
   const bool has_ws = ws.ptr != nullptr || ws.need != nullptr;
-  const bool sk = K_BITS >= KBIT_WG_SK_TILE_MIN_BITS && has_ws;
+  const bool sk_tile = sk_tile_allowed(device, K_BITS), sk = sk_tile && has_ws;
   // The tile of a launch with or without a stream-K workspace: choose(), then at TN = 32 two
   // warpgroups (128-row tiles) where the split model costs them at most 2/3 of one
   // warpgroup's. Gateup (5120 x 2048) at k = 4: 2 CTAs of the 64 KB-table kernel per SM fit
@@ -1247,7 +1269,7 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
   // more (NOTES.md v23, v26, v27). The cost queries model stream-K exactly when the launch
   // has a workspace (launch_cfg considers it at every k).
   auto pick = [&](bool with_ws, int& tn, int& wg) {
-    choose(M, N, K, with_ws && K_BITS >= KBIT_WG_SK_TILE_MIN_BITS, tn, wg, sms);
+    choose(M, N, K, with_ws && sk_tile, tn, wg, sms);
     if (tn == 32 && wg == 1 && forced_tn() == 0 && forced_wg() == 0 && splits == 0) {
       int64_t need = 0, c1 = -1, c2 = -1;
       int64_t* np = with_ws ? &need : nullptr;
