@@ -37,6 +37,7 @@ def kernel_for(m: int, n: int, kdim: int, k: int) -> str:
 
 def _dequant_buffer(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     device = qweight.device
+    # torch.cuda.current_stream, not _stream_handle: torch.compile traces this function
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device, stream, dtype)
     need = qweight.shape[0] * qweight.shape[1]
@@ -48,6 +49,13 @@ def _dequant_buffer(qweight: QuantizedWeight, dtype: torch.dtype) -> torch.Tenso
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_handle(index: int) -> int:
+    """The current stream of CUDA device `index` as the handle the C entry points take (the raw
+    lookup where torch has it: ~2 us less than torch.cuda.current_stream, NOTES.md)."""
+    return _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+
 # id(qweight) -> (weakref to it, its launch arguments); and (kernel, m, K, N, k, device, dtype)
 # -> (whether the kernel takes the call, mma's workspace bytes); ops.force_mma_ksplit clears it
 _weight_args: dict = {}
@@ -75,12 +83,13 @@ def _launch_args(qweight: QuantizedWeight, dev: torch.device):
     return args
 
 
-def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
+def _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim):
     """Eager CUDA call of the gemv, mma or wgmma kernel (the same C signature, plus the split
     workspace of mma and wgmma) without the torch.library dispatch (51 -> 18 us of host time per
     call at M = 1, NOTES.md), or None when any
     precondition fails (the caller then takes the op path, which checks everything and raises
-    the errors). qweight's fields were validated when it was built (frozen dataclass)."""
+    the errors). qweight's fields were validated when it was built (frozen dataclass). out2:
+    `out` as [m, n] where the kernel can write it, else None."""
     lib = _lib._lib
     dev = x2.device
     if lib is None or dev.type != "cuda" or x2.stride(-1) != 1:
@@ -113,14 +122,11 @@ def _fast_small(kernel, x2, qweight, bias, out, m, n, kdim):
     if bias is not None and (bias.dtype != x2.dtype or bias.shape != (n,) or bias.device != dev
                              or not bias.is_contiguous()):
         return None
-    if out is None:
-        y = torch.empty((m, n), dtype=x2.dtype, device=dev)
-    elif out.is_contiguous() and out.dtype == x2.dtype and out.device == dev and out.numel() == m * n:
-        y = out
-    else:
+    if out is not None and out2 is None:
         return None
+    y = out2 if out2 is not None else torch.empty((m, n), dtype=x2.dtype, device=dev)
     index = dev.index
-    stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+    stream = _stream_handle(index)
     args = (index, stream, x2.data_ptr(), _lib.DTYPE_CODES[x2.dtype], m, x2.stride(0),
             wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[5],
             bias.data_ptr() if bias is not None else None, y.data_ptr(), n)
@@ -148,8 +154,7 @@ def _fast_dequantize(qweight: QuantizedWeight, w: torch.Tensor) -> bool:
     if wargs is None:
         return False
     index = dev.index
-    stream = _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
-    rc = lib.kbit_dequantize(index, stream, wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[6],
+    rc = lib.kbit_dequantize(index, _stream_handle(index), wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[6],
                              wargs[5], w.data_ptr(), _lib.DTYPE_CODES[w.dtype])
     _lib.check(rc, "dequantize")
     return True
@@ -168,10 +173,13 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
     kernel = kernel_for(m, n, kdim, qweight.k)
+    # `out` as [m, n] where the kernels (or the matmul) can write into it directly
+    out2 = (out.view(m, n) if out is not None and out.is_contiguous() and out.dtype == x.dtype
+            and out.device == x.device and out.numel() == m * n else None)
     if x2.is_cuda and m > 0 and kernel != "dq" and not torch.compiler.is_compiling():
-        y = _fast_small(kernel, x2, qweight, bias, out, m, n, kdim)
+        y = _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim)
         if y is not None:
-            return out if y is out else y.view(*lead, n)
+            return out if y is out2 else y.view(*lead, n)
     small = None
     if qweight.layout == "tiled64" and m > 0 and kernel != "dq":
         if kernel == "wgmma" and ops.wgmma_supports(m, kdim, n, qweight.k, x.device):
@@ -182,9 +190,8 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
             small = (ops.gemv, ops.gemv_out)
     if small is not None:
         args = (x2, qweight.packed, qweight.absmax, qweight.codebook, n, kdim, qweight.absmax_exponent)
-        if (out is not None and out.is_contiguous() and out.dtype == x.dtype
-                and out.device == x.device and out.numel() == m * n):
-            small[1](*args, bias, out.view(m, n))
+        if out2 is not None:
+            small[1](*args, bias, out2)
             return out
         y = small[0](*args, bias)
     else:
@@ -192,13 +199,12 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
         if not _fast_dequantize(qweight, w):
             ops.dequantize_out(qweight.packed, qweight.absmax, qweight.codebook, n, kdim,
                                qweight.layout, qweight.absmax_exponent, w)
-        if (out is not None and out.is_contiguous() and out.dtype == x.dtype and out.device == x.device
-                and out.numel() == m * n and not torch.compiler.is_compiling()):
+        if out2 is not None and not torch.compiler.is_compiling():
             # the product straight into `out` (no temporary and copy: 10 MB at M = 1024 here)
             if bias is None:
-                torch.matmul(x2, w.T, out=out.view(m, n))
+                torch.matmul(x2, w.T, out=out2)
             else:
-                torch.addmm(bias, x2, w.T, out=out.view(m, n))
+                torch.addmm(bias, x2, w.T, out=out2)
             return out
         y = torch.nn.functional.linear(x2, w, bias)
     y = y.view(*lead, n)
