@@ -10,7 +10,12 @@
 // Variants: the CTA's dynamic shared memory (150 KB: one CTA per SM, as mma's 64 KB-aligned
 // table forces; 100 KB: two fit, so the next call's CTA can be resident while this one runs)
 // x where the prologue runs (after the PDL wait, or before it, the table built from values
-// known without reading memory, as KBIT_MMA_SPEC_TABLE does).
+// known without reading memory, as KBIT_MMA_SPEC_TABLE does) x what is asked of the weights
+// before the wait (session 42): nothing; the CTA's whole range asked into L2 with per-line
+// prefetches spread over all threads (safe: L2 is coherent with the previous kernel's writes);
+// the first two loads of each thread straight into registers (timing only: unsafe where the
+// previous kernel may write the weights). Timed back-to-back and after a 1-thread kernel
+// launched without PDL (its time alone subtracted).
 // Build and run on the device:
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Icsrc scripts/pdl_resident.cu -o pr && ./pr
 #include <cuda_runtime.h>
@@ -25,7 +30,7 @@ constexpr int kTableBytes = 64 * 1024;
 
 __global__ void __launch_bounds__(kThreads) model_kernel(const uint4* __restrict__ w, size_t vec_per_cta,
                                                          const float* __restrict__ codebook, bool early,
-                                                         uint32_t* __restrict__ out) {
+                                                         int pre, uint32_t* __restrict__ out) {
   extern __shared__ __align__(16) char smem[];
   uint4* table = reinterpret_cast<uint4*>(smem);
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -33,13 +38,23 @@ __global__ void __launch_bounds__(kThreads) model_kernel(const uint4* __restrict
     const uint32_t v = __float_as_uint(cb) ^ threadIdx.x;
     for (int i = threadIdx.x; i < kTableBytes / 16; i += kThreads) table[i] = make_uint4(v, v + 1, v + 2, v + 3);
   };
+  const uint4* p = w + blockIdx.x * vec_per_cta;
+  size_t i = threadIdx.x;
+  uint4 r0 = make_uint4(0, 0, 0, 0), r1 = r0;
+  if (pre == 1)  // the CTA's range into L2, one 128-byte line per prefetch, all threads
+    for (size_t l = threadIdx.x * 8; l < vec_per_cta; l += kThreads * 8)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p + l));
+  if (pre == 2) {  // the first two loads (below) before the wait
+    if (i < vec_per_cta) r0 = __ldcs(p + i);
+    if (i + kThreads < vec_per_cta) r1 = __ldcs(p + i + kThreads);
+  }
   if (early) build(1.f);
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  const uint4* p = w + blockIdx.x * vec_per_cta;
   // the first two loads before the table (mma's upfront item)
-  size_t i = threadIdx.x;
-  uint4 r0 = i < vec_per_cta ? __ldcs(p + i) : make_uint4(0, 0, 0, 0);
-  uint4 r1 = i + kThreads < vec_per_cta ? __ldcs(p + i + kThreads) : make_uint4(0, 0, 0, 0);
+  if (pre != 2) {
+    if (i < vec_per_cta) r0 = __ldcs(p + i);
+    if (i + kThreads < vec_per_cta) r1 = __ldcs(p + i + kThreads);
+  }
   if (!early) build(codebook[threadIdx.x & 15]);
   __syncthreads();
   const uint32_t* t32 = reinterpret_cast<const uint32_t*>(smem);
@@ -63,8 +78,10 @@ __global__ void __launch_bounds__(kThreads) model_kernel(const uint4* __restrict
   out[blockIdx.x * kThreads + threadIdx.x] = acc;
 }
 
-void launch(cudaStream_t s, int ctas, const char* w, size_t per_cta, const float* cb, bool early, int smem,
-            uint32_t* out) {
+__global__ void fill_kernel(uint32_t* out) { out[0] = 1u; }
+
+void launch(cudaStream_t s, int ctas, const char* w, size_t per_cta, const float* cb, bool early, int pre,
+            int smem, uint32_t* out) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(ctas));
   cfg.blockDim = dim3(kThreads);
@@ -75,7 +92,7 @@ void launch(cudaStream_t s, int ctas, const char* w, size_t per_cta, const float
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&cfg, model_kernel, reinterpret_cast<const uint4*>(w), per_cta / 16, cb, early, out));
+  CK(cudaLaunchKernelEx(&cfg, model_kernel, reinterpret_cast<const uint4*>(w), per_cta / 16, cb, early, pre, out));
 }
 
 int main() {
@@ -100,7 +117,11 @@ int main() {
   }
   // bytes: KV, Q, gateup at k = 4; CTAs: mma's grids (Q / O / down 128, gateup 107)
   const double mbs[] = {0.557, 4.46, 5.57};
-  printf("| MB | ctas | smem KB | prologue | us | GB/s |\n|---|---|---|---|---|---|\n");
+  const char* pres[] = {"-", "L2 lines", "2 loads"};
+  const float fill = graph_us([&](int, cudaStream_t s) { fill_kernel<<<1, 1, 0, s>>>(out); }, 1, st);
+  printf("1-thread fill kernel alone: %.2f us\n", fill);
+  printf("| MB | ctas | smem KB | prologue | before the wait | us back-to-back | GB/s | us after a fill |\n"
+         "|---|---|---|---|---|---|---|---|\n");
   for (int rep = 0; rep < 2; rep++)
     for (double mb : mbs)
       for (int ctas : {128, 107}) {
@@ -109,12 +130,19 @@ int main() {
         const int nv = 200;
         auto addr = [&](int i) { return pool + (size_t(i) * bytes) % (pool_bytes - bytes) / 256 * 256; };
         for (int smem : {150 * 1024, 100 * 1024})
-          for (bool early : {false, true}) {
-            const float us = graph_us(
-                [&](int i, cudaStream_t s) { launch(s, ctas, addr(i), per_cta, cb, early, smem, out); }, nv, st);
-            printf("| %.2f | %d | %d | %s | %.2f | %.0f |\n", bytes / 1e6, ctas, smem / 1024,
-                   early ? "before the wait" : "after the wait", us, bytes / (us * 1e3));
-          }
+          for (bool early : {false, true})
+            for (int pre = 0; pre < 3; pre++) {
+              const float us = graph_us(
+                  [&](int i, cudaStream_t s) { launch(s, ctas, addr(i), per_cta, cb, early, pre, smem, out); }, nv, st);
+              const float af = graph_us(
+                  [&](int i, cudaStream_t s) {
+                    fill_kernel<<<1, 1, 0, s>>>(out + 1);
+                    launch(s, ctas, addr(i), per_cta, cb, early, pre, smem, out);
+                  },
+                  nv, st);
+              printf("| %.2f | %d | %d | %s | %s | %.2f | %.0f | %.2f |\n", bytes / 1e6, ctas, smem / 1024,
+                     early ? "before the wait" : "after the wait", pres[pre], us, bytes / (us * 1e3), af - fill);
+            }
       }
   return 0;
 }
