@@ -737,8 +737,26 @@ __device__ __forceinline__ void mma_body(
   constexpr bool kSpec = KBIT_MMA_SPEC_TABLE == 2 || (KBIT_MMA_SPEC_TABLE == 1 && K_BITS == 5 && NT == 1);
   const bool spec = kSpec && pdl > 0;
   float cb_spec = 0.f;
+  // pdl == 2 (the caller's KBIT_MMA_WEIGHTS_STABLE, kbit.h: no kernel that may still be running
+  // or flushing wrote the weights): the first kUpfront ring items are requested before the
+  // wait, so that they stream while the previous kernel finishes (H100 A/B, NOTES.md v52: M = 1
+  // k = 4 dense TOTAL -1.3..-1.8 us back-to-back). griddepcontrol.wait is what makes the
+  // previous grid's writes visible: without the caller's promise the weights wait like
+  // everything else. One token tile only: compiled into the NT = 2 kernels, the switch made M
+  // = 16 k = 4 0.8-1.3 us (TOTAL) slower with it off and 0.2-0.6 with it on (v52).
+  constexpr bool kEarlyW = !BULK && NT == 1;
+  const bool early_w = kEarlyW && pdl > 1;
   if (pdl > 0) {
     pdl_trigger();
+    if constexpr (kEarlyW) {
+      if (early_w) {
+#pragma unroll
+        for (int d = 0; d < kUpfront<D, NT, K_BITS>; d++) {
+          load(ring[d], load_cur, d < n_items);
+          advance(load_cur);
+        }
+      }
+    }
     if (spec) {
       cb_spec = __ldcg(codebook + (lane & cmask));
       build_table(cb_spec);
@@ -771,7 +789,7 @@ __device__ __forceinline__ void mma_body(
       // each to issue)
       for (int step = lane; step < min(n_stages, lsteps); step += 32) issue(step, step);
     }
-  } else {
+  } else if (!early_w) {
 #pragma unroll
     for (int d = 0; d < kUpfront<D, NT, K_BITS>; d++) {
       load(ring[d], load_cur, d < n_items);
@@ -1114,6 +1132,13 @@ inline int forced_few_warps() {
 // The partial sums are added by the last slice alone (owners = 1) where S = 2 and M <= 16,
 // else by all S slices, each for 1 / S of the outputs (H200, v36: the last slice alone was
 // 0.1-0.5 us faster per call at S = 2, M <= 16, and up to 10 us slower at S = 8, M = 64).
+// The caller's KBIT_MMA_WEIGHTS_STABLE for the kbit_mma call this thread is in (set for the
+// call's duration by kbit_mma: the launchers below it read it where they pick the PDL mode).
+inline bool& weights_stable() {
+  static thread_local bool stable = false;
+  return stable;
+}
+
 struct Plan {
   int S = 0, sps = 0, rg = 0, ctas = 0;
   int owners = 1;  // slices of a set that add up partial sums (mma_body, step 4): 1 or S
@@ -1252,7 +1277,9 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   auto go = [&](auto bulk, auto split, auto warps) {
     constexpr int W = decltype(warps)::value;
     constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value, W>;
-    const int pdl = pdl_for<kernel>(device);
+    // 2: PDL with the first weights requested before the wait (mma_body), where the caller
+    // promised that no earlier kernel still in flight wrote them
+    const int pdl = pdl_for<kernel>(device) > 0 ? (weights_stable() && !decltype(bulk)::value ? 2 : 1) : 0;
     const int items_per_warp = int(ceil_div(int64_t(rg) * steps, W));
     // the flush's slots (mma_body) where a warp's items touch at most 2 row groups in every
     // slice and the 2 W slot tiles fit (M = 48: 123 KB); else the atomics (and their
@@ -1378,10 +1405,15 @@ extern "C" int kbit_device_smem_optin(int device) {
 extern "C" int kbit_mma(int device, void* stream, const void* x, int dtype, int64_t M,
                         int64_t ldx, const int32_t* packed, const void* absmax, int absmax_format,
                         const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
-                        const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes) {
+                        const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes,
+                        int flags) {
   using namespace kbit;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const Workspace ws{workspace, workspace_bytes, nullptr};
+  struct Stable {  // weights_stable() for this call only
+    explicit Stable(bool on) { weights_stable() = on; }
+    ~Stable() { weights_stable() = false; }
+  } stable((flags & KBIT_MMA_WEIGHTS_STABLE) != 0);
   return small_m_entry(device, dtype, M, N, kMaxM, [&](auto t) {
     return launch_k<decltype(t)>(k, absmax_format, int(M), s, x, ldx, packed, absmax, codebook, N, K,
                                  absmax_exponent, bias, out, ldo, ws);

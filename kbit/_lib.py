@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 F32, F16, BF16 = 0, 1, 2
 DTYPE_CODES = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 ABSMAX_CODES = {"e4m4": 0, "fp16": 1, "fp32": 2}
@@ -47,7 +47,7 @@ _SIGNATURES = {
     ),
     "kbit_mma": (
         [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_p, _c_p, _c_int, _c_p, _c_int, _c_i64,
-         _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_p, _c_i64],
+         _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_p, _c_i64, _c_int],
         _c_int,
     ),
     "kbit_mma_workspace_bytes": ([_c_int, _c_int, _c_i64, _c_i64, _c_i64], _c_i64),

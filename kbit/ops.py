@@ -11,6 +11,7 @@ native library trusts what it is given.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 from torch import Tensor
@@ -636,6 +637,10 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
         need = _workspace_need(lib, kernel, dev, x.dtype, x.shape[0], kdim, n, k, fmt)
         ws = _workspace(lib, kernel, x, dev, stream, need)
         extra = (ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)
+    versions = None
+    if cfn == "kbit_mma":
+        flags, versions = _stable_flag(packed, absmax, codebook)
+        extra += (flags,)
     rc = getattr(lib, cfn)(
         dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),
         packed.data_ptr(), absmax.data_ptr(), fmt,
@@ -643,7 +648,49 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
         bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0), *extra,
     )
     _lib.check(rc, cfn[5:])
+    if versions is not None:
+        _launched(packed, absmax, codebook, versions)
     return None
+
+
+# Weights asked for before the PDL wait (kbit_mma's KBIT_MMA_WEIGHTS_STABLE, kbit.h; H100, NOTES.md
+# v52: M = 1 k = 4 dense TOTAL -1.3..-1.8 us back-to-back, -0.2..-0.5 after a plain kernel): only where they
+# cannot have been written by the kernel that runs just before the call. id(packed) -> (weak
+# references to the packed, absmax and codebook tensors of kbit's last mma launch on them,
+# their version counters then). KBIT_EARLY_WEIGHTS=0 turns it off.
+_mma_seen: dict = {}
+EARLY_WEIGHTS = os.environ.get("KBIT_EARLY_WEIGHTS", "1").strip() != "0"
+_WEIGHTS_STABLE = 1  # kbit.h KBIT_MMA_WEIGHTS_STABLE
+
+
+def _stable_flag(packed: Tensor, absmax: Tensor, codebook: Tensor):
+    """(kbit_mma's flags, the version counters read) for a launch on these weight tensors:
+    KBIT_MMA_WEIGHTS_STABLE where kbit launched mma on these same three tensors before and no
+    torch operation has written any of them since (their version counters are unchanged), so
+    that no kernel still in flight can have written them; else 0, and the first call after
+    such a write waits for the previous kernel before it reads them. Inference tensors
+    (torch.inference_mode) have no version counter: always 0. Writes that bypass torch (a raw
+    pointer handed to a foreign kernel) are not seen: after one, synchronize before the next
+    kbit call, or set KBIT_EARLY_WEIGHTS=0."""
+    if not EARLY_WEIGHTS or packed.is_inference() or absmax.is_inference() or codebook.is_inference():
+        return 0, None
+    versions = (packed._version, absmax._version, codebook._version)
+    seen = _mma_seen.get(id(packed))
+    same = (seen is not None and seen[0]() is packed and seen[1]() is absmax and seen[2]() is codebook
+            and seen[3] == versions)
+    return (_WEIGHTS_STABLE if same else 0), versions
+
+
+def _launched(packed: Tensor, absmax: Tensor, codebook: Tensor, versions) -> None:
+    """Records the version counters _stable_flag read, once the call they were read for has
+    launched (a refused call leaves the previous record)."""
+    key = id(packed)
+    seen = _mma_seen.get(key)
+    if seen is not None and seen[0]() is packed and seen[1]() is absmax and seen[2]() is codebook:
+        _mma_seen[key] = (*seen[:3], versions)
+    else:
+        _mma_seen[key] = (weakref.ref(packed, lambda _: _mma_seen.pop(key, None)), weakref.ref(absmax),
+                          weakref.ref(codebook), versions)
 
 
 def _def_small_m(name: str, max_m: int):

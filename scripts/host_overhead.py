@@ -45,7 +45,7 @@ def per_call(fn):
 
 def ctypes_call(m):
     return lib.kbit_mma(0, stream, x.data_ptr(), 1, m, K, wargs[0], wargs[1], wargs[2], wargs[3],
-                        wargs[4], N, K, wargs[5], None, y.data_ptr(), N, None, 0)
+                        wargs[4], N, K, wargs[5], None, y.data_ptr(), N, None, 0, 0)
 
 
 rows = [

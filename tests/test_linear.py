@@ -250,7 +250,7 @@ def test_mma_split_k(k, rng):
         rc = _lib._lib.kbit_mma(
             dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], 1, 2048, q.packed.data_ptr(),
             q.absmax.data_ptr(), _lib.ABSMAX_CODES[q.absmax_format], q.codebook.data_ptr(), k, 64,
-            2048, 0, None, out.data_ptr(), 64, None, 0)
+            2048, 0, None, out.data_ptr(), 64, None, 0, 0)
         assert rc != 0  # forced to split, no workspace: refused without launching
     finally:
         ops.force_mma_ksplit(0)
