@@ -132,15 +132,11 @@ def _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim):
             bias.data_ptr() if bias is not None else None, y.data_ptr(), n)
     if run == "gemv":
         rc = lib.kbit_gemv(*args)
-    elif run == "wgmma":
+    else:
         ws = ops._workspace(lib, run, x2, index, stream, need)
-        rc = lib.kbit_wgmma(*args, *((ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)))
-    else:  # mma, with its first weights before the PDL wait where they cannot be fresh
-        ws = ops._workspace(lib, run, x2, index, stream, need)
-        flags, versions = ops._stable_flag(qweight.packed, qweight.absmax, qweight.codebook)
-        rc = lib.kbit_mma(*args, *((ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)), flags)
-        if not rc:
-            ops._launched(qweight.packed, qweight.absmax, qweight.codebook, versions)
+        args += (ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)
+        rc = (ops._call_mma(lib, args, qweight.packed, qweight.absmax, qweight.codebook) if run == "mma"
+              else lib.kbit_wgmma(*args))
     if rc:
         _lib.check(rc, run)
     return y

@@ -637,19 +637,11 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
         need = _workspace_need(lib, kernel, dev, x.dtype, x.shape[0], kdim, n, k, fmt)
         ws = _workspace(lib, kernel, x, dev, stream, need)
         extra = (ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)
-    versions = None
-    if cfn == "kbit_mma":
-        flags, versions = _stable_flag(packed, absmax, codebook)
-        extra += (flags,)
-    rc = getattr(lib, cfn)(
-        dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),
-        packed.data_ptr(), absmax.data_ptr(), fmt,
-        codebook.data_ptr(), k, n, kdim, absmax_exponent,
-        bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0), *extra,
-    )
+    args = (dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),
+            packed.data_ptr(), absmax.data_ptr(), fmt, codebook.data_ptr(), k, n, kdim, absmax_exponent,
+            bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0), *extra)
+    rc = _call_mma(lib, args, packed, absmax, codebook) if cfn == "kbit_mma" else getattr(lib, cfn)(*args)
     _lib.check(rc, cfn[5:])
-    if versions is not None:
-        _launched(packed, absmax, codebook, versions)
     return None
 
 
@@ -675,22 +667,38 @@ def _stable_flag(packed: Tensor, absmax: Tensor, codebook: Tensor):
     if not EARLY_WEIGHTS or packed.is_inference() or absmax.is_inference() or codebook.is_inference():
         return 0, None
     versions = (packed._version, absmax._version, codebook._version)
+    seen = _seen_for(packed, absmax, codebook)
+    return (_WEIGHTS_STABLE if seen is not None and seen[3] == versions else 0), versions
+
+
+def _seen_for(packed: Tensor, absmax: Tensor, codebook: Tensor):
+    """The _mma_seen record of exactly these three tensors, or None."""
     seen = _mma_seen.get(id(packed))
-    same = (seen is not None and seen[0]() is packed and seen[1]() is absmax and seen[2]() is codebook
-            and seen[3] == versions)
-    return (_WEIGHTS_STABLE if same else 0), versions
+    if seen is not None and seen[0]() is packed and seen[1]() is absmax and seen[2]() is codebook:
+        return seen
+    return None
 
 
 def _launched(packed: Tensor, absmax: Tensor, codebook: Tensor, versions) -> None:
     """Records the version counters _stable_flag read, once the call they were read for has
     launched (a refused call leaves the previous record)."""
     key = id(packed)
-    seen = _mma_seen.get(key)
-    if seen is not None and seen[0]() is packed and seen[1]() is absmax and seen[2]() is codebook:
+    seen = _seen_for(packed, absmax, codebook)
+    if seen is not None:
         _mma_seen[key] = (*seen[:3], versions)
     else:
         _mma_seen[key] = (weakref.ref(packed, lambda _: _mma_seen.pop(key, None)), weakref.ref(absmax),
                           weakref.ref(codebook), versions)
+
+
+def _call_mma(lib, args, packed: Tensor, absmax: Tensor, codebook: Tensor) -> int:
+    """lib.kbit_mma(*args, flags) with _stable_flag's flags for these weights; their versions
+    are recorded once the call launched. The return code is the caller's to check."""
+    flags, versions = _stable_flag(packed, absmax, codebook)
+    rc = lib.kbit_mma(*args, flags)
+    if not rc and versions is not None:
+        _launched(packed, absmax, codebook, versions)
+    return rc
 
 
 def _def_small_m(name: str, max_m: int):
