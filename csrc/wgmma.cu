@@ -996,7 +996,7 @@ int dram_peak_gbps(int device) {
     const bool ok = cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess &&
                     cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess &&
                     khz > 0 && bits > 0;
-    cudaGetLastError();  // a failed query leaves no error behind for the next launch
+    if (!ok) cudaGetLastError();  // a failed query leaves no error behind for the next launch
     known[device] = ok ? max(1, int(2.0 * khz * 1e3 * (bits / 8) / 1e9)) : -1;
   }
   return max(known[device], 0);

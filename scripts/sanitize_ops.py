@@ -76,6 +76,18 @@ for k in (2, 4):
         for m in (28, 56):
             ops.mma(torch.randn(m, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook, n, kdim,
                     t.absmax_exponent)
+# mma with its first weights requested before the PDL wait (KBIT_MMA_WEIGHTS_STABLE: the
+# second and later calls on unchanged weights), back to back, NT = 1 (M <= 8) on a model shape
+# and an odd one, then a write to the weights and the call again (the flag is withheld)
+for k in (2, 3, 4, 5):
+    for n, kdim in ((2048, 4096), (200, 4128)):
+        t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
+        args = (t.packed, t.absmax, t.codebook, n, kdim, t.absmax_exponent)
+        for m in (1, 3, 8):
+            for _ in range(3):
+                ops.mma(torch.randn(m, kdim, device="cuda").half(), *args)
+        t.absmax.copy_(t.absmax.clone())
+        ops.mma(torch.randn(1, kdim, device="cuda").half(), *args)
 # wgmma (compute capability 9.0): every tile width and warpgroup count, split-K clusters (3: a
 # split with fewer steps), rows past N (200), a half last k-tile (K = 4128), tokens past the
 # CTA's tile, every k and absmax format, k = 5's two codebook tables
