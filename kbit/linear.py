@@ -1,7 +1,8 @@
 """kbit.linear: C = x @ W^T (+ bias) for a k-bit W, any leading dims of x, fp16/bf16.
 
 Dispatch (tiled64 weights): `kernel_for` looks the (N, K, k) of the weight up in
-kbit/dispatch_table.py, the fastest of the scalar GEMV (M <= 4), mma, wgmma and dequantize +
+kbit/dispatch_table.py's table for the GPU family of x's device (H100, H200; others take the
+H100's), the fastest of the scalar GEMV (M <= 4), mma, wgmma and dequantize +
 cuBLAS per range of M measured by `kbit bench --suite linear` (the table's header has the
 command that regenerates it); other shapes use its DEFAULT (the tensor-core kernel for M <=
 32). "wgmma" (Hopper only) falls back to "mma" where the device or shape cannot take it
@@ -26,10 +27,13 @@ from .format import QuantizedWeight
 _dequant_buffers: dict = {}
 
 
-def kernel_for(m: int, n: int, kdim: int, k: int) -> str:
+def kernel_for(m: int, n: int, kdim: int, k: int, family: str | None = None) -> str:
     """"gemv", "mma", "wgmma" or "dq": the kernel of the dispatch table for an [m, kdim] x and
-    an [n, kdim] k-bit weight (before the device checks of "mma" and "wgmma")."""
-    for top, name in dispatch_table.TABLE.get((n, kdim, k), dispatch_table.DEFAULT):
+    an [n, kdim] k-bit weight (before the device checks of "mma" and "wgmma"), from the table
+    of GPU family `family` (ops.device_family; other families and None: DEFAULT_FAMILY's)."""
+    tables = dispatch_table.TABLES
+    table = tables.get(family) or tables[dispatch_table.DEFAULT_FAMILY]
+    for top, name in table.get((n, kdim, k), dispatch_table.DEFAULT):
         if m <= top:
             return name
     return "dq"
@@ -174,7 +178,8 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     lead = x.shape[:-1]
     x2 = x.reshape(-1, kdim)
     m = x2.shape[0]
-    kernel = kernel_for(m, n, kdim, qweight.k)
+    family = ops.device_family(x.device.index) if x.is_cuda else None  # a CUDA tensor's index is set
+    kernel = kernel_for(m, n, kdim, qweight.k, family)
     # `out` as [m, n] where the kernels (or the matmul) can write into it directly
     out2 = (out.view(m, n) if out is not None and out.is_contiguous() and out.dtype == x.dtype
             and out.device == x.device and out.numel() == m * n else None)

@@ -455,6 +455,24 @@ def _device_index(device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def family_of(name: str) -> str:
+    """The GPU family a dispatch table is keyed by: the device name's first word after
+    "NVIDIA" ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA H200" -> "H200")."""
+    words = name.replace("NVIDIA", " ").split()
+    return words[0] if words else ""
+
+
+_families: dict = {}
+
+
+@torch.compiler.assume_constant_result
+def device_family(index: int) -> str:
+    """family_of the name of CUDA device `index` (cached; a constant for torch.compile)."""
+    if index not in _families:
+        _families[index] = family_of(torch.cuda.get_device_name(index))
+    return _families[index]
+
+
 _max_m: dict = {}
 
 

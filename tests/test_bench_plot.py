@@ -55,3 +55,23 @@ def test_tables_json_keys_are_what_dense_speedups_reads():
     out = tables_json(["MMA", "dq+cuBLAS"], results, fp16, {(s, 4): 100 for s in DENSE})
     assert out["kernels"] == ["MMA", "dq+cuBLAS"] and out["weight_bytes"]["Q,4"] == 100
     assert dense_speedups(out)[4][1] == pytest.approx(2.5)
+
+
+def test_picked_totals_follow_the_dispatch_table(monkeypatch, capsys):
+    """The second summary sums the cells of the kernels kbit.linear would run (not the fastest
+    measured), marks where that is slower than Best, and is left out when a pick was not
+    measured."""
+    from kbit import dispatch_table
+    from kbit.bench.linear_suite import picked_totals, print_tables
+
+    table = {(n, kdim, 4): ((1, "gemv"), (8, "mma")) for kdim, n in DENSE.values()}
+    monkeypatch.setattr(dispatch_table, "TABLES", {dispatch_table.DEFAULT_FAMILY: table})
+    results = {(m, s, 4): {"Scalar": 3.0, "MMA": 2.0, "dq+cuBLAS": 5.0} for m in (1, 8, 16) for s in DENSE}
+    got = picked_totals([1, 8, 16], [4], list(DENSE), results)
+    assert got == {(1, 4): 3.0 * len(DENSE), (8, 4): 2.0 * len(DENSE), (16, 4): 5.0 * len(DENSE)}
+    assert picked_totals([1], [4], list(DENSE), {(1, s, 4): {"MMA": 2.0} for s in DENSE}) == {}
+    fp16 = {(m, s): 10.0 for m in (1, 8, 16) for s in DENSE}
+    print_tables([1, 8, 16], [4], list(DENSE), [], results, fp16, {(s, 4): 100 for s in DENSE}, str)
+    lines = capsys.readouterr().out.splitlines()
+    picked = lines[lines.index(next(x for x in lines if "kbit.linear picks" in x)) + 3:]
+    assert picked[:3] == ["| 1 | 3.33x* |", "| 8 | 5.00x |", "| 16 | 2.00x* |"]

@@ -378,7 +378,9 @@ def test_linear_torch_compile_fullgraph(device, rng):
 def test_dispatch_table_well_formed():
     from kbit import dispatch_table
 
-    for key, entries in [*dispatch_table.TABLE.items(), (None, dispatch_table.DEFAULT)]:
+    assert dispatch_table.DEFAULT_FAMILY in dispatch_table.TABLES
+    cells = [item for table in dispatch_table.TABLES.values() for item in table.items()]
+    for key, entries in [*cells, (None, dispatch_table.DEFAULT)]:
         tops = [top for top, _ in entries]
         assert tops == sorted(tops) and len(set(tops)) == len(tops), key
         for top, name in entries:
@@ -390,11 +392,24 @@ def test_kernel_for_ranges(monkeypatch):
     from kbit import dispatch_table
     from kbit.linear import kernel_for
 
-    monkeypatch.setattr(dispatch_table, "TABLE", {(512, 2048, 2): ((1, "gemv"), (8, "mma"))})
+    monkeypatch.setattr(dispatch_table, "TABLES", {dispatch_table.DEFAULT_FAMILY: {(512, 2048, 2): ((1, "gemv"), (8, "mma"))}})
     monkeypatch.setattr(dispatch_table, "DEFAULT", ((16, "mma"),))
     got = [kernel_for(m, 512, 2048, 2) for m in (1, 2, 8, 9)]
     assert got == ["gemv", "mma", "mma", "dq"]
     assert [kernel_for(m, 512, 2048, 3) for m in (1, 16, 17)] == ["mma", "mma", "dq"]
+    # a family's own table; other families and None take DEFAULT_FAMILY's
+    tables = {dispatch_table.DEFAULT_FAMILY: {(512, 2048, 2): ((1, "gemv"),)}, "X9": {(512, 2048, 2): ((4, "mma"),)}}
+    monkeypatch.setattr(dispatch_table, "TABLES", tables)
+    assert [kernel_for(1, 512, 2048, 2, fam) for fam in ("X9", "Y1", None)] == ["mma", "gemv", "gemv"]
+    assert kernel_for(2, 512, 2048, 2, "X9") == "mma" and kernel_for(2, 512, 2048, 2) == "dq"
+
+
+def test_device_family_names():
+    assert ops.family_of("NVIDIA H100 80GB HBM3") == "H100"
+    assert ops.family_of("NVIDIA H200") == "H200" and ops.family_of("NVIDIA H200 NVL") == "H200"
+    assert ops.family_of("") == ""
+    if GPU:
+        assert ops.device_family(0) == ops.family_of(torch.cuda.get_device_name(0))
 
 
 def test_make_dispatch_ranges():
@@ -412,6 +427,16 @@ def test_make_dispatch_ranges():
     assert mod.unmeasured({"kernels": ["MMA"]}) == ["Scalar", "WGMMA", "dq+cuBLAS"]
     assert mod.unmeasured({"kernels": ["Scalar", "MMA", "WGMMA", "dq+cuBLAS"]}) == []
     assert mod.unmeasured({}) == []
+    # several runs: per cell the highest median speedup, each run relative to its own fp16
+    shapes = {"A": (256, 64)}
+
+    def run(fp16, mma, dq):
+        return {"fp16_us": {"1,A": fp16}, "kbit_us": {"1,A,4": {"MMA": mma, "dq+cuBLAS": dq}}}
+
+    assert mod.pick([run(10, 5, 4)], shapes) == {(64, 256, 4): {1: "dq"}}
+    # dq is faster in one run only; a slow-clock run (fp16 20) counts by its ratios, not its times
+    runs = [run(10, 5, 4), run(10, 4, 5), run(20, 8, 9)]
+    assert mod.pick(runs, shapes) == {(64, 256, 4): {1: "mma"}}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -422,7 +447,7 @@ def test_linear_each_dispatched_kernel(device, kernel, monkeypatch, rng):
     from kbit import dispatch_table
 
     n, kdim, k = 200, 4128, 3
-    monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((4 if kernel == "gemv" else 100, kernel),)})
+    monkeypatch.setattr(dispatch_table, "TABLES", {dispatch_table.DEFAULT_FAMILY: {(n, kdim, k): ((4 if kernel == "gemv" else 100, kernel),)}})
     q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device), k=k))
     for m in (1, 3) + ((70,) if kernel == "wgmma" else ()):
         x = torch.randn(m, kdim, generator=rng).to(torch.float16).to(device)
@@ -446,7 +471,7 @@ def test_linear_wgmma_fast_path(dtype, monkeypatch, rng):
     real = ops._small_m_cuda_into
     monkeypatch.setattr(ops, "_small_m_cuda_into", lambda cfn, *a: (calls.append(cfn), real(cfn, *a))[1])
     for (n, kdim, k), ms in (((512, 2048, 4), (17, 64)), ((5120, 2048, 2), (256,))):
-        monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((1 << 20, "wgmma"),)})
+        monkeypatch.setattr(dispatch_table, "TABLES", {dispatch_table.DEFAULT_FAMILY: {(n, kdim, k): ((1 << 20, "wgmma"),)}})
         q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k))
         bias = torch.randn(n, generator=rng).to(dtype).cuda()
         for m in ms:
@@ -479,7 +504,7 @@ def test_linear_wgmma_graph_replay_new_inputs(monkeypatch, rng):
     from kbit import dispatch_table
 
     n, kdim, k = 5120, 2048, 4
-    monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((1 << 20, "wgmma"),)})
+    monkeypatch.setattr(dispatch_table, "TABLES", {dispatch_table.DEFAULT_FAMILY: {(n, kdim, k): ((1 << 20, "wgmma"),)}})
     q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k))
     xs = [torch.randn(m, kdim, dtype=torch.float16, device="cuda") for m in (64, 256)]
     for x in xs:
@@ -511,7 +536,7 @@ def test_linear_dq_fast_path(dtype, monkeypatch, rng):
     monkeypatch.setattr(ops, "_dequantize_cuda_into", lambda *a: (calls.append(1), real(*a))[1])
     n, kdim = 200, 4128
     for k in (2, 5):
-        monkeypatch.setattr(dispatch_table, "TABLE", {(n, kdim, k): ((1, "dq"),)})
+        monkeypatch.setattr(dispatch_table, "TABLES", {dispatch_table.DEFAULT_FAMILY: {(n, kdim, k): ((1, "dq"),)}})
         flat = kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k)
         bias = torch.randn(n, generator=rng).to(dtype).cuda()
         for q in (kbit.repack(flat), flat):

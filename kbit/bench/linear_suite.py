@@ -151,7 +151,8 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
         return (f"M={m}: (us per call; cold L2; CUDA-graph replay, median; SM clock after each "
                 f"cell {clk[0]:.0f}-{clk[-1]:.0f} MHz, median {clk[len(clk) // 2]:.0f})")
 
-    print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title)
+    family = ops.device_family(torch.cuda.current_device())
+    print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title, family)
     return {
         **tables_json(kernels, results, fp16, weight_bytes),
         "floor_us": floor,
@@ -172,8 +173,9 @@ def tables_json(kernels, results, fp16, weight_bytes) -> dict:
     }
 
 
-def print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title) -> None:
-    """The per-M tables (title(m) above each) and the dense-TOTAL summary."""
+def print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title, family=None) -> None:
+    """The per-M tables (title(m) above each), the dense-TOTAL summary of the fastest kernels
+    and that of the kernels kbit.linear picks on GPU family `family` (ops.device_family)."""
     summary = {}
     for m in ms:
         print("\n" + title(m))
@@ -208,3 +210,34 @@ def print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title) -> No
     print("|---|" + "---|" * len(ks))
     for m in ms:
         print(f"| {m} | " + " | ".join(f"{summary[(m, k)][1] / summary[(m, k)][0]:.2f}x" for k in ks) + " |")
+    picked = picked_totals(ms, ks, dense, results, family)
+    if picked:
+        print(f"\nSummary: dense TOTAL fp16 / the kernels kbit.linear picks (kbit/dispatch_table.py, "
+              f"{family or 'default'} table; * where that is not the Best)")
+        print("| M | " + " | ".join(f"k={k}" for k in ks) + " |")
+        print("|---|" + "---|" * len(ks))
+        for m in ms:
+            print(f"| {m} | " + " | ".join(
+                f"{summary[(m, k)][1] / picked[(m, k)]:.2f}x" + ("*" if picked[(m, k)] > summary[(m, k)][0] else "")
+                for k in ks) + " |")
+
+
+def picked_totals(ms, ks, dense, results, family=None) -> dict:
+    """{(M, k): dense TOTAL us of the kernels kbit.linear's dispatch table for GPU family
+    `family` picks} from the measured cells (a Hopper GPU: wgmma available), or {} where a pick
+    was not measured (a `--kernels` subset)."""
+    from kbit.linear import kernel_for
+
+    column = {"gemv": "Scalar", "mma": "MMA", "wgmma": "WGMMA", "dq": "dq+cuBLAS"}
+    totals = {}
+    for m in ms:
+        for k in ks:
+            total = 0.0
+            for name in dense:
+                kdim, n = DENSE[name]
+                us = results[(m, name, k)].get(column[kernel_for(m, n, kdim, k, family)])
+                if us is None:
+                    return {}
+                total += us
+            totals[(m, k)] = total
+    return totals

@@ -141,6 +141,10 @@ def _child(spec_path: str) -> int:
 def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str]) -> dict | None:
     """Profiles the cells in a child process under ncu, prints the tables in the bench's format
     and returns the results (None, with the reason on stderr, where ncu is missing or fails)."""
+    import torch
+
+    from kbit import ops
+
     from .linear_suite import DENSE, EXTRA, print_tables, tables_json
 
     ncu = shutil.which("ncu")
@@ -196,7 +200,8 @@ def run_ncu(ms: list[int], ks: list[int], shapes: list[str], kernels: list[str])
     print("\nKernel-only times include what a kernel pays alone on an idle GPU (its start, cold "
           "code and TLB) and none of the overlap of back-to-back launches: they are not the "
           "graph-timed figures and do not compare with them.")
-    print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title)
+    print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title,
+                 ops.device_family(torch.cuda.current_device()))
     return {
         **tables_json(kernels, results, fp16, weight_bytes),
         "kernel_names": names,
