@@ -24,6 +24,8 @@
 // 2048) 3.1 us vs mma 3.9 (the old GEMV 4.5); gateup 9.8 vs mma 6.0 (the old GEMV 8.9).
 #include <stdio.h>
 
+#include <algorithm>
+
 #include "common.cuh"
 
 namespace kbit {
@@ -315,6 +317,107 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   }
 }
 
+// gemv_rows_m_kernel: gemv_rows_kernel for M = 2..4 tokens (session 43; gemv_kernel's
+// uncoalesced loads made M = 2 ~2.3x and M = 4 ~3x slower than this on the H200, NOTES.md v53).
+// x of the M tokens is staged as fp32 rows (token m at xs + m * KT * 64); each decoded value
+// serves the M tokens. A separate kernel rather than an M parameter of gemv_rows_kernel: that
+// version's M = 1 instantiation compiled to fewer registers and measured 5-25% slower at M = 1
+// (KV k = 2 2.49 -> 2.77 us, down k = 4 6.5 -> 8.1; not understood), so M = 1 keeps its code.
+template <typename T, int K_BITS, int M, int RL, int U>
+__global__ void __launch_bounds__(256) gemv_rows_m_kernel(
+    const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
+    int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
+    float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
+  extern __shared__ float4 rows_smem[];
+  float* xs = reinterpret_cast<float*>(rows_smem);  // M rows of KT * 64 floats
+  float* red = xs + M * KT * 64;                      // W * RL * M partial sums
+  constexpr int G = 32 / RL;                          // phases per warp
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const int64_t P = int64_t(W) * G;                   // phases per CTA
+  const int64_t n = int64_t(blockIdx.x) * RL + lane % RL;
+  const int64_t phase = warp * G + lane / RL, warp_phase = warp * G;
+  const bool row_ok = n < N;
+  auto tile_block = [&](int64_t kt) { return (kt * N + n) * kTileBlocks; };  // block 0 of (kt, n)
+  if (pdl > 0) pdl_wait();
+  const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));  // the shuffles' table
+  // A round: U tiles per lane, tile u at kt = base + u * P + phase. A slot is skipped when no
+  // lane of the warp has it (warp-uniform, as the shuffles need); a lane without a tile (past
+  // KT or N) decodes block 0 with scale 0.
+  Tile<K_BITS> tile[U];
+  auto load_round = [&](int64_t base) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (base + u * P + warp_phase >= KT) break;
+      const int64_t kt = base + u * P + phase;
+      const bool ok = row_ok && kt < KT;
+      const int64_t blk = ok ? tile_block(kt) : 0;
+#pragma unroll
+      for (int h = 0; h < kTileBlocks; h++) {
+        load_words<K_BITS, true>(tile[u].w[h], packed + (blk + h) * K_BITS);
+        tile[u].sbits[h] = load_absmax_bits_if<true>(absmax, absmax_format, blk + h, ok);
+      }
+    }
+  };
+  load_round(0);
+  // x -> fp32 in shared memory, 8 values per thread and step (token m at xs + m * KT * 64)
+  const int64_t row_len = KT * 64;
+  for (int64_t i = int64_t(threadIdx.x) * 8; i < M * row_len; i += int64_t(blockDim.x) * 8) {
+    const int64_t m = i / row_len, c = i - m * row_len;  // a step never crosses a token (row_len % 8 == 0)
+    const T* src = x + m * ldx + c;
+    float f[8];
+    if (vec_x && c + 8 <= K) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
+      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 8; e++) f[e] = half_to_float<T>(wv[e >> 1], e & 1);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++) f[e] = c + e < K ? to_float(src[e]) : 0.f;
+    }
+    reinterpret_cast<float4*>(xs + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(xs + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+  __syncthreads();
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) acc[m] = 0.f;
+  for (int64_t base = 0; base < KT; base += P * U) {
+    if (base > 0) load_round(base);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (base + u * P + warp_phase >= KT) break;
+      const int64_t kt = base + u * P + phase;
+      const float4* xq = reinterpret_cast<const float4*>(xs + (kt < KT ? kt : 0) * 64);
+#pragma unroll
+      for (int h = 0; h < kTileBlocks; h++) {
+        float sum[M];
+#pragma unroll
+        for (int m = 0; m < M; m++) sum[m] = 0.f;
+        // token m's float4 j of this block: xq + m * (row_len / 4) + 8h + j
+        block_dot<K_BITS, M>(tile[u].w[h], cb, [&](int m, int j) { return xq[m * (row_len >> 2) + 8 * h + j]; }, sum);
+        const float scale = absmax_of_bits(tile[u].sbits[h], absmax_format);
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[m] = fmaf(sum[m], scale, acc[m]);
+      }
+    }
+  }
+  if (pdl > 0) pdl_trigger();
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+#pragma unroll
+    for (int d = RL; d < 32; d <<= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], d);
+    if (lane < RL) red[(warp * RL + lane) * M + m] = acc[m];
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < RL * M; t += blockDim.x) {  // a 1-warp CTA has fewer threads than outputs
+    const int r = t % RL, m = t / RL;
+    const int64_t row = int64_t(blockIdx.x) * RL + r;
+    float v = 0.f;
+    for (int w = 0; w < W; w++) v += red[(w * RL + r) * M + m];
+    if (row < N) out[m * ldo + row] = from_float<T>(v * shift_up + (bias != nullptr ? to_float(bias[row]) : 0.f));
+  }
+}
+
 // gemv_rows_kernel's (rows per CTA, warps per CTA): forced by kbit_gemv_force_rows (tests,
 // experiments; starts from KBIT_GEMV_ROWS="RL,W", or "RL" for RL rows on 8 warps), rows -1 =
 // never, 0 = automatic.
@@ -334,39 +437,72 @@ inline RowsChoice& forced_rows() {
   return v;
 }
 
-// M = 1 through gemv_rows_kernel when it applies (x fits 48 KB of shared memory as fp32);
-// returns false (nothing launched) otherwise.
-template <typename T, int K_BITS>
-bool launch_rows(int device, cudaStream_t s, const T* x, const int32_t* packed, const void* absmax, int fmt,
-                 const float* cb, int64_t N, int64_t K, int64_t KT, float shift_up, bool vec_x, const T* bias,
-                 T* out, cudaError_t& err) {
+// Once per kernel and device: allow gemv_rows_kernel the device's opt-in shared memory (x of
+// M tokens as fp32 passes the default 48 KB at M * K > 12288).
+template <auto Kernel>
+cudaError_t rows_smem_optin(int device, int bytes) {
+  static cudaError_t err[64];
+  static bool done[64] = {};
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  if (!done[device]) {
+    err[device] = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    done[device] = true;
+  }
+  return err[device];
+}
+
+// M = 1..4 through gemv_rows_kernel when it applies (x of M tokens fits the device's shared
+// memory as fp32 with room for 2 CTAs per SM); returns false (nothing launched) otherwise.
+template <typename T, int K_BITS, int M>
+bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int32_t* packed, const void* absmax,
+                 int fmt, const float* cb, int64_t N, int64_t K, int64_t KT, float shift_up, bool vec_x,
+                 const T* bias, T* out, int64_t ldo, cudaError_t& err) {
   RowsChoice c = forced_rows();
   if (c.rl < 0) return false;
+  const DeviceInfo& dev = device_info(device);
   if (c.rl == 0) {  // automatic, from the sweep (NOTES.md v29): 8 x 8 where 16-row CTAs would
     // be under 2 per SM (KV, down, O), then 16 x 8, then 16 x 4 (gateup); benched as a rule in
-    // v31 (docs/bench_h100_v31.txt, Scalar column at M = 1).
-    const int64_t sms = device_info(device).sms;
+    // v31 (docs/bench_h100_v31.txt, Scalar column at M = 1). M = 2..4: the same rule (v53).
+    const int64_t sms = dev.sms;
     if (ceil_div(N, 8) < 2 * sms) c = {8, 8};
     else c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
   }
   if (c.warps < 1 || c.warps > 8 || (c.rl != 8 && c.rl != 16 && c.rl != 32)) return false;
-  const int64_t smem = (KT * 64 + int64_t(c.warps) * c.rl) * 4;
-  if (smem > 48 * 1024) return false;
+  if (M > 1 && c.rl == 32) return false;  // not instantiated (tests force it at M = 1 only)
+  const int64_t smem = (M * KT * 64 + int64_t(c.warps) * c.rl * M) * 4;
+  // M = 1: the default 48 KB (as measured in v29-v31); M > 1: up to half an SM's shared memory
+  const int64_t limit = M == 1 ? 48 * 1024 : std::min<int64_t>(dev.smem_optin, (dev.smem_per_sm - 2 * dev.smem_reserved) / 2);
+  if (smem > limit) return false;
   auto go = [&](auto rl_tag) {
     constexpr int RL = decltype(rl_tag)::value;
-    constexpr auto kernel = gemv_rows_kernel<T, K_BITS, RL, 4>;
-    const int pdl = pdl_for<kernel>(device);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(ceil_div(N, int64_t(RL))));
     cfg.blockDim = dim3(c.warps * 32);
     cfg.dynamicSmemBytes = size_t(smem);
     cfg.stream = s;
-    return launch_kernel(cfg, 1, 0, pdl, kernel, x, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
-                         pdl);
+    if constexpr (M == 1) {
+      constexpr auto kernel = gemv_rows_kernel<T, K_BITS, RL, 4>;
+      const int pdl = pdl_for<kernel>(device);
+      return launch_kernel(cfg, 1, 0, pdl, kernel, x, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
+                           pdl);
+    } else {
+      constexpr auto kernel = gemv_rows_m_kernel<T, K_BITS, M, RL, 4>;
+      if (smem > 48 * 1024) {
+        const cudaError_t e = rows_smem_optin<kernel>(device, int(limit));
+        if (e != cudaSuccess) return e;
+      }
+      const int pdl = pdl_for<kernel>(device);
+      return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias,
+                           out, ldo, pdl);
+    }
   };
   if (c.rl == 8) err = go(std::integral_constant<int, 8>{});
-  else if (c.rl == 16) err = go(std::integral_constant<int, 16>{});
-  else err = go(std::integral_constant<int, 32>{});
+  else if constexpr (M == 1) {
+    if (c.rl == 16) err = go(std::integral_constant<int, 16>{});
+    else err = go(std::integral_constant<int, 32>{});
+  } else {
+    err = go(std::integral_constant<int, 16>{});
+  }
   return true;
 }
 
@@ -397,11 +533,11 @@ cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
+  cudaError_t err = cudaSuccess;
+  if (launch_rows<T, K_BITS, M>(device, s, xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt,
+                                static_cast<T*>(out), ldo, err))
+    return err;
   if constexpr (M == 1) {
-    cudaError_t err = cudaSuccess;
-    if (launch_rows<T, K_BITS>(device, s, xt, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt,
-                               static_cast<T*>(out), err))
-      return err;
     if (N >= 2048 && per_lane <= 2) return go(Two{}, Two{});
   }
   return go(One{}, Two{});

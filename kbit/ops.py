@@ -512,9 +512,9 @@ def force_mma_ksplit(S: int) -> None:
 
 
 def force_gemv_rows(rows: int, warps: int = 0) -> None:
-    """Tests and experiments: the M = 1 scalar GEMV's coalesced variant (gemv_rows_kernel) with
-    `rows` rows (8, 16, 32) and `warps` warps (1..8) per CTA for every call it can take; 0 =
-    automatic again, -1 = never (the lane-per-k-tile kernel)."""
+    """Tests and experiments: the scalar GEMV's coalesced variant (gemv_rows_kernel) with `rows`
+    rows (8, 16, 32; 32 at M = 1 only) and `warps` warps (1..8) per CTA for every call it can
+    take; 0 = automatic again, -1 = never (the lane-per-k-tile kernel)."""
     if _lib.available():
         _lib._lib.kbit_gemv_force_rows(int(rows), int(warps))
 

@@ -1,5 +1,5 @@
 """Small run of every CUDA kernel, for compute-sanitizer (memcheck, racecheck, initcheck).
-`python3 scripts/sanitize_ops.py rows` runs only the M = 1 GEMV's coalesced variant."""
+`python3 scripts/sanitize_ops.py rows` runs only the GEMV's coalesced variant."""
 import sys
 
 import torch
@@ -7,15 +7,16 @@ import torch
 import kbit
 from kbit import ops
 
-# the M = 1 GEMV's coalesced variant (gemv_rows_kernel) in several CTA shapes (rows, warps),
+# the GEMV's coalesced variant (gemv_rows_kernel) at M = 1, 3 in several CTA shapes (rows, warps),
 # N not a multiple of its rows, K past the last full tile
 for rows, warps in ((8, 1), (16, 8), (32, 3), (0, 0)):
     ops.force_gemv_rows(rows, warps)
     for k in (2, 5):
         for n, kdim in ((9, 256), (1040, 4021)):
             t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
-            ops.gemv(torch.randn(1, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook, n, kdim,
-                     t.absmax_exponent)
+            for m in (1, 3):
+                ops.gemv(torch.randn(m, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook, n, kdim,
+                         t.absmax_exponent)
 ops.force_gemv_rows(0, 0)
 if sys.argv[1:] == ["rows"]:
     print("sanitize_ops: done (rows)")

@@ -76,21 +76,29 @@ def test_gemv_small_m(device, k, dtype, rng):
 @pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
 @pytest.mark.parametrize("rows,warps", [(8, 1), (16, 8), (32, 3)])
 def test_gemv_rows_configs(device, rows, warps, rng):
-    """The M = 1 GEMV's coalesced variant (gemv_rows_kernel) forced to several CTA shapes: N not
-    a multiple of the rows per CTA, K past the last full tile, K near its 48 KB x limit
-    (12000), x at an odd element offset (no 16-byte loads), a bias."""
+    """The GEMV's coalesced variant (gemv_rows_kernel) forced to several CTA shapes at M = 1..4
+    (32 rows: M = 1 only; M > 1 then takes the lane-per-k-tile kernel): N not a multiple of the
+    rows per CTA, K past the last full tile, K near M = 1's 48 KB x limit (12000; M = 3, 4 of it
+    pass the 2-CTAs-per-SM limit and fall back), x at an odd element offset (no 16-byte loads),
+    x rows with a padded stride, a bias."""
     try:
         ops.force_gemv_rows(rows, warps)
         for n, kdim in ((1040, 96), (2049, 4021), (1024, 12000)):
             for k in (2, 3, 4, 5):
                 q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
+                w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
+                                   q.absmax_exponent, torch.float32)  # _reference's, once per weight
                 for dtype in (torch.float16, torch.bfloat16):
-                    buf = torch.randn(kdim + 1, generator=rng).to(dtype).to(device)
-                    for x in (buf[:kdim].view(1, kdim), buf[1:].view(1, kdim)):
-                        bias = torch.randn(n, generator=rng).to(dtype).to(device)
-                        out = torch.full((1, n), float("nan"), dtype=dtype, device=device)
-                        ops.gemv_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
-                        assert _rel_err(out.cpu(), _reference(x, q, bias)) <= TOL[dtype], (n, kdim, k, dtype)
+                    for m in (1, 2, 3, 4):
+                        # row strides: odd (no 16-byte loads), and a multiple of 8 past K
+                        for width in (kdim + 9, (kdim + 7) // 8 * 8 + 8):
+                            buf = torch.randn(m, width, generator=rng).to(dtype).to(device)
+                            for x in (buf[:, :kdim], buf[:, 1:kdim + 1]):
+                                bias = torch.randn(n, generator=rng).to(dtype).to(device)
+                                out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+                                ops.gemv_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
+                                err = _rel_err(out.cpu(), ref.linear(x.cpu(), w, bias.cpu()))
+                                assert err <= TOL[dtype], (n, kdim, k, dtype, m, width, err)
     finally:
         ops.force_gemv_rows(0, 0)
 
