@@ -23,9 +23,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kbit.bench.linear_suite import DENSE, EXTRA  # noqa: E402
-
-NAMES = {"Scalar": "gemv", "MMA": "mma", "WGMMA": "wgmma", "dq+cuBLAS": "dq"}
+from kbit.bench.linear_suite import DENSE, DISPATCH_NAMES as NAMES, EXTRA  # noqa: E402
+from kbit.ops import family_of  # noqa: E402
 
 
 def ranges(best_by_m: dict[int, str]) -> tuple:
@@ -67,12 +66,6 @@ def pick(runs: list[dict], shapes: dict) -> dict[tuple, dict[int, str]]:
     return best
 
 
-def family(device: str) -> str:
-    """ops.family_of, without importing torch."""
-    words = device.replace("NVIDIA", " ").split()
-    return words[0] if words else ""
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("json", nargs="+")
@@ -86,7 +79,7 @@ def main() -> None:
         if missing:
             sys.exit(f"{path} did not measure {missing}: the table needs a run of every kernel")
         device = data.get("info", {}).get("device", "?")
-        runs.setdefault(family(device), []).append((Path(path).name, device, lin))
+        runs.setdefault(family_of(device), []).append((Path(path).name, device, lin))
     default = args.default or next(iter(runs))
     if default not in runs:
         sys.exit(f"--default {default}: no result from that family (have {sorted(runs)})")

@@ -26,6 +26,8 @@ DENSE = {"gateup": (2048, 5120), "down": (5120, 2048), "Q": (2048, 4096), "O": (
 EXTRA = {"big": (8192, 28672)}  # name: (K, N); not in TOTAL
 EXTRA_MAX_M = 64
 KERNELS = ["Scalar", "MMA", "WGMMA", "dq+cuBLAS"]
+# each column's kernel as kbit/dispatch_table.py names it (scripts/make_dispatch.py reads it too)
+DISPATCH_NAMES = {"Scalar": "gemv", "MMA": "mma", "WGMMA": "wgmma", "dq+cuBLAS": "dq"}
 
 
 def _progress(msg: str) -> None:
@@ -228,7 +230,7 @@ def picked_totals(ms, ks, dense, results, family=None) -> dict:
     was not measured (a `--kernels` subset)."""
     from kbit.linear import kernel_for
 
-    column = {"gemv": "Scalar", "mma": "MMA", "wgmma": "WGMMA", "dq": "dq+cuBLAS"}
+    column = {name: col for col, name in DISPATCH_NAMES.items()}
     totals = {}
     for m in ms:
         for k in ks:
