@@ -124,6 +124,11 @@ constexpr uint32_t kTableBytes = W5 ? 128 * 1024 : K_BITS == 5 ? 64 * 1024 : 256
 // SM sub-partition, 168 registers each, and the 128 accumulators per thread no longer fit
 // (ptxas serialized the wgmmas, C7512); with a producer warpgroup the consumers take 232
 // registers and the producer 40 (setmaxnreg: 2 x 232 + 40 = 3 x 168).
+// The kernel's absmax format: kRuntimeFmt reads it from the argument (every format, one
+// kernel); E4M4, the format quantize writes by default, has its own kernels, in which the
+// decode's scale lookups are plain loads with no branch on the format between them and the
+// table lookups, so ptxas can interleave the passes (NOTES.md v54).
+constexpr int kRuntimeFmt = -1;
 template <int TN, int WG> constexpr bool kRegSplit = TN == 256 && WG == 2;
 template <int TN, int WG> constexpr int kProducerThreads = kRegSplit<TN, WG> ? 128 : 32;
 constexpr int kConsumerRegs = 232, kProducerRegs = 40;
@@ -316,14 +321,15 @@ __device__ __forceinline__ void add_scaled_halves(float* v, const uint32_t (&w)[
   }
 }
 
-template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
+template <typename T, int K_BITS, int TN, int WG, bool W5 = false, int FMT = kRuntimeFmt>
 __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
-    const void* __restrict__ absmax, int fmt, const float* __restrict__ codebook, int N, int K, int stages,
+    const void* __restrict__ absmax, int fmt_arg, const float* __restrict__ codebook, int N, int K, int stages,
     int splits, float shift_up, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl,
     char* __restrict__ sk_ws, unsigned* __restrict__ sk_flags) {
   using S = Shape<K_BITS, TN, WG>;
   static_assert(!W5 || K_BITS == 5, "the wide table is k = 5's");
+  const int fmt = FMT == kRuntimeFmt ? fmt_arg : FMT;  // see kRuntimeFmt
   constexpr int kThreads = WG * 128;  // consumers; the producer warp(group) is tid >= kThreads
   constexpr int kAll = kThreads + kProducerThreads<TN, WG>;
   extern __shared__ __align__(1024) char smem_raw[];
@@ -1055,12 +1061,12 @@ int stages_for(int device, bool shared, uint32_t& bytes) {
   return 0;
 }
 
-template <typename T, int K_BITS, int TN, int WG, bool W5 = false>
+template <typename T, int K_BITS, int TN, int WG, int FMT, bool W5 = false>
 cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M, int64_t ldx,
                        const int32_t* packed, const void* absmax, int fmt, const float* codebook,
                        int64_t N, int64_t K, int splits, int exponent, const void* bias, void* out, int64_t ldo,
                        Workspace ws) {
-  constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG, W5>;
+  constexpr auto kernel = wgmma_kernel<T, K_BITS, TN, WG, W5, FMT>;
   const unsigned threads = WG * 128 + kProducerThreads<TN, WG>;
   const int64_t tiles = ceil_div(N, kWgRows * WG) * ceil_div(M, TN);
   const int sms = device_info(device).sms;
@@ -1197,7 +1203,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     // solo at k = 5: the wide table (no bank conflicts) where it leaves enough stages
     const int ft = forced_table();
     if (ft != 1 && (solo || ft == 2) && wide5_stages >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
-      return launch_cfg<T, K_BITS, TN, WG, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
+      return launch_cfg<T, K_BITS, TN, WG, FMT, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
                                                  sk_forced ? -1 : forced_splits, exponent, bias, out, ldo, ws);
   }
   if (stages == 0) return cudaErrorInvalidValue;
@@ -1244,7 +1250,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
                        pdl, sk_ws, sk_flags);
 }
 
-template <typename T, int K_BITS>
+template <typename T, int K_BITS, int FMT>
 cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, int64_t ldx,
                         const int32_t* p, const void* a, int fmt, const float* cb, int64_t N,
                         int64_t K, int e, const void* bias, void* out, int64_t ldo, Workspace ws) {
@@ -1252,7 +1258,7 @@ cudaError_t launch_bits(int device, cudaStream_t s, const void* x, int64_t M, in
   auto run = [&](int tn, int wg, Workspace w) -> cudaError_t {
 #define KBIT_WG_CASE(TN_, WG_)                                                                    \
   if (tn == TN_ && wg == WG_)                                                                     \
-    return launch_cfg<T, K_BITS, TN_, WG_>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, w);
+    return launch_cfg<T, K_BITS, TN_, WG_, FMT>(device, s, x, M, ldx, p, a, fmt, cb, N, K, splits, e, bias, out, ldo, w);
     KBIT_WG_CASE(32, 1) KBIT_WG_CASE(64, 1) KBIT_WG_CASE(128, 1) KBIT_WG_CASE(256, 1)
     KBIT_WG_CASE(32, 2) KBIT_WG_CASE(64, 2) KBIT_WG_CASE(128, 2) KBIT_WG_CASE(256, 2)
     return cudaErrorInvalidValue;
@@ -1326,13 +1332,21 @@ int wgmma_entry(int device, void* stream, const void* x, int dtype, int64_t M, i
       absmax_format < 0 || absmax_format > 2)
     return cudaErrorInvalidValue;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  auto by_k = [&](auto t) -> cudaError_t {
+  auto by_fmt = [&](auto t, auto k_bits) -> cudaError_t {
     using T = decltype(t);
+    constexpr int kBits = decltype(k_bits)::value;
+    if (absmax_format == KBIT_ABSMAX_E4M4)
+      return launch_bits<T, kBits, KBIT_ABSMAX_E4M4>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N,
+                                                     K, absmax_exponent, bias, out, ldo, ws);
+    return launch_bits<T, kBits, kRuntimeFmt>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K,
+                                              absmax_exponent, bias, out, ldo, ws);
+  };
+  auto by_k = [&](auto t) -> cudaError_t {
     switch (k) {
-      case 2: return launch_bits<T, 2>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo, ws);
-      case 3: return launch_bits<T, 3>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo, ws);
-      case 4: return launch_bits<T, 4>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo, ws);
-      case 5: return launch_bits<T, 5>(device, s, x, M, ldx, packed, absmax, absmax_format, codebook, N, K, absmax_exponent, bias, out, ldo, ws);
+      case 2: return by_fmt(t, std::integral_constant<int, 2>());
+      case 3: return by_fmt(t, std::integral_constant<int, 3>());
+      case 4: return by_fmt(t, std::integral_constant<int, 4>());
+      case 5: return by_fmt(t, std::integral_constant<int, 5>());
     }
     return cudaErrorInvalidValue;
   };

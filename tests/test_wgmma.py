@@ -78,6 +78,32 @@ def test_wgmma_every_cta_shape(k, k5_table, rng):
 
 
 @needs_wgmma
+@pytest.mark.parametrize("k,k5_table", [(2, "auto"), (3, "auto"), (4, "auto"), (5, "narrow"), (5, "wide")])
+@pytest.mark.parametrize("absmax_format", ["fp16", "fp32"])
+def test_wgmma_runtime_absmax_formats(k, k5_table, absmax_format, rng):
+    """E4M4 weights run kernels compiled for that format; the other formats run the kernels
+    that read it at run time: every k (k = 5 with both tables), both dtypes, tile widths
+    with and without a split, stream-K (forced: 8 tiles of 65 k-steps at M = 257), a bias."""
+    n, kdim = 256, 4128
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k,
+                                  absmax_format=absmax_format))
+    w = _weight(q)
+    try:
+        for i, (tn, wg, splits) in enumerate([(32, 1, 1), (128, 2, 2), (256, 1, 3), (256, 2, 1), (256, 1, -1)]):
+            ops.force_wgmma_config(tn, wg, splits, k5_table)
+            dtype = (torch.float16, torch.bfloat16)[i % 2]
+            bias = torch.randn(n, generator=rng).to(dtype).cuda()
+            for m in (1, 70, 257):
+                x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
+                err = _rel_err(_run(q, x, bias).cpu(), ref.linear(x.cpu(), w, bias.cpu()))
+                assert err <= TOL[dtype], (tn, wg, splits, m, err)
+                if splits == -1 and m == 257:
+                    assert ops.wgmma_last_streamk()
+    finally:
+        ops.force_wgmma_config()
+
+
+@needs_wgmma
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e5, 1e34])
 def test_wgmma_split_partials_any_magnitude(scale, rng):
     """The K split (a cluster's: 2, 8; stream-K's through global memory: -1) hands its partial
