@@ -74,6 +74,14 @@ __device__ __forceinline__ V load_ro(const V* p) {
   else return __ldg(p);
 }
 
+// A kernel's absmax format as a template argument: kRuntimeFmt reads it from the kernel's
+// argument (one kernel for every format); a KBIT_ABSMAX_* value fixes it at compile time, so
+// the format's branches around every scale load and decode vanish. wgmma.cu compiles E4M4
+// (the format quantize writes by default) and kRuntimeFmt; mma.cu every format. The GEMV keeps
+// kRuntimeFmt: E4M4 kernels there measured 0.1-1 us faster or slower per (k, M) as ptxas
+// scheduled each instantiation differently (NOTES.md v54).
+constexpr int kRuntimeFmt = -1;
+
 // Bytes of one stored absmax element in `format` (E4M4 1, fp16 2, fp32 4).
 __host__ __device__ constexpr int absmax_bytes(int format) {
   return format == KBIT_ABSMAX_E4M4 ? 1 : format == KBIT_ABSMAX_F16 ? 2 : 4;
@@ -200,7 +208,25 @@ struct Workspace {
   int64_t bytes;
   int64_t* need;
   int64_t* cost = nullptr;  // wgmma: dry query of the split model's cost (launch_bits' TN = 32 rule)
+  // mma: the caller's KBIT_MMA_WEIGHTS_STABLE (no kernel still in flight wrote the weights:
+  // the first ones may be requested before the PDL wait)
+  bool weights_stable = false;
 };
+
+// Once per kernel and device (the attribute belongs to the current device's context): allow
+// Kernel `bytes` of dynamic shared memory (the first call's bytes; callers pass a per-device
+// constant).
+template <auto Kernel>
+cudaError_t smem_optin(int device, int bytes) {
+  static cudaError_t err[64];
+  static bool done[64] = {};
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  if (!done[device]) {
+    err[device] = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    done[device] = true;
+  }
+  return err[device];
+}
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

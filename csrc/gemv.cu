@@ -438,20 +438,6 @@ inline RowsChoice& forced_rows() {
   return v;
 }
 
-// Once per kernel and device: allow gemv_rows_kernel the device's opt-in shared memory (x of
-// M tokens as fp32 passes the default 48 KB at M * K > 12288).
-template <auto Kernel>
-cudaError_t rows_smem_optin(int device, int bytes) {
-  static cudaError_t err[64];
-  static bool done[64] = {};
-  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
-  if (!done[device]) {
-    err[device] = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    done[device] = true;
-  }
-  return err[device];
-}
-
 // M = 1..4 through gemv_rows_kernel when it applies (x of M tokens fits the device's shared
 // memory as fp32 with room for 2 CTAs per SM); returns false (nothing launched) otherwise.
 template <typename T, int K_BITS, int M>
@@ -489,7 +475,8 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
     } else {
       constexpr auto kernel = gemv_rows_m_kernel<T, K_BITS, M, RL, 4>;
       if (smem > 48 * 1024) {
-        const cudaError_t e = rows_smem_optin<kernel>(device, int(limit));
+        // x of M tokens as fp32 passes the default 48 KB at M * K > 12288
+        const cudaError_t e = smem_optin<kernel>(device, int(limit));
         if (e != cudaSuccess) return e;
       }
       const int pdl = pdl_for<kernel>(device);

@@ -1073,20 +1073,6 @@ __global__ void __launch_bounds__(W * 32, 1) mma_kernel(
 #define KBIT_MMA_MAX_STAGES 32  // overridable for experiments; 0 disables the bulk variant
 #endif
 
-// Once per kernel and device (the attribute belongs to the current device's context): allow
-// the kernel the device's opt-in shared memory.
-template <auto Kernel>
-cudaError_t smem_optin(int device, const DeviceInfo& dev) {
-  static cudaError_t err[64];
-  static bool done[64] = {};
-  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
-  if (!done[device]) {
-    err[device] = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_optin);
-    done[device] = true;
-  }
-  return err[device];
-}
-
 constexpr int kMaxM = 64;  // token tiles of 8: NT = 1, 2, 4, 8
 
 // Forced K-slice count (tests, experiments): 0 = automatic. Set by kbit_mma_force_ksplit;
@@ -1132,12 +1118,6 @@ inline int forced_few_warps() {
 // The partial sums are added by the last slice alone (owners = 1) where S = 2 and M <= 16,
 // else by all S slices, each for 1 / S of the outputs (H200, v36: the last slice alone was
 // 0.1-0.5 us faster per call at S = 2, M <= 16, and up to 10 us slower at S = 8, M = 64).
-// The caller's KBIT_MMA_WEIGHTS_STABLE for the kbit_mma call this thread is in (set for the
-// call's duration by kbit_mma: the launchers below it read it where they pick the PDL mode).
-inline bool& weights_stable() {
-  static thread_local bool stable = false;
-  return stable;
-}
 
 struct Plan {
   int S = 0, sps = 0, rg = 0, ctas = 0;
@@ -1279,7 +1259,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value, W>;
     // 2: PDL with the first weights requested before the wait (mma_body), where the caller
     // promised that no earlier kernel still in flight wrote them
-    const int pdl = pdl_for<kernel>(device) > 0 ? (weights_stable() && !decltype(bulk)::value ? 2 : 1) : 0;
+    const int pdl = pdl_for<kernel>(device) > 0 ? (ws.weights_stable && !decltype(bulk)::value ? 2 : 1) : 0;
     const int items_per_warp = int(ceil_div(int64_t(rg) * steps, W));
     // the flush's slots (mma_body) where a warp's items touch at most 2 row groups in every
     // slice and the 2 W slot tiles fit (M = 48: 123 KB); else the atomics (and their
@@ -1294,7 +1274,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
         smem = slot_smem;
       }
     }
-    return run(kernel, smem_optin<kernel>(device, dev), smem, W, bulk ? 0 : items_per_warp, pdl, divs);
+    return run(kernel, smem_optin<kernel>(device, dev.smem_optin), smem, W, bulk ? 0 : items_per_warp, pdl, divs);
   };
   using Yes = std::true_type;
   using No = std::false_type;
@@ -1409,11 +1389,8 @@ extern "C" int kbit_mma(int device, void* stream, const void* x, int dtype, int6
                         int flags) {
   using namespace kbit;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const Workspace ws{workspace, workspace_bytes, nullptr};
-  struct Stable {  // weights_stable() for this call only
-    explicit Stable(bool on) { weights_stable() = on; }
-    ~Stable() { weights_stable() = false; }
-  } stable((flags & KBIT_MMA_WEIGHTS_STABLE) != 0);
+  Workspace ws{workspace, workspace_bytes, nullptr};
+  ws.weights_stable = (flags & KBIT_MMA_WEIGHTS_STABLE) != 0;
   return small_m_entry(device, dtype, M, N, kMaxM, [&](auto t) {
     return launch_k<decltype(t)>(k, absmax_format, int(M), s, x, ldx, packed, absmax, codebook, N, K,
                                  absmax_exponent, bias, out, ldo, ws);

@@ -124,11 +124,9 @@ constexpr uint32_t kTableBytes = W5 ? 128 * 1024 : K_BITS == 5 ? 64 * 1024 : 256
 // SM sub-partition, 168 registers each, and the 128 accumulators per thread no longer fit
 // (ptxas serialized the wgmmas, C7512); with a producer warpgroup the consumers take 232
 // registers and the producer 40 (setmaxnreg: 2 x 232 + 40 = 3 x 168).
-// The kernel's absmax format: kRuntimeFmt reads it from the argument (every format, one
-// kernel); E4M4, the format quantize writes by default, has its own kernels, in which the
+// The kernel's absmax format (kRuntimeFmt: common.cuh): E4M4 has its own kernels, in which the
 // decode's scale lookups are plain loads with no branch on the format between them and the
 // table lookups, so ptxas can interleave the passes (NOTES.md v54).
-constexpr int kRuntimeFmt = -1;
 template <int TN, int WG> constexpr bool kRegSplit = TN == 256 && WG == 2;
 template <int TN, int WG> constexpr int kProducerThreads = kRegSplit<TN, WG> ? 128 : 32;
 constexpr int kConsumerRegs = 232, kProducerRegs = 40;
