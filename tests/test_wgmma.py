@@ -43,6 +43,26 @@ def _run(q, x, bias=None):
     return out
 
 
+def _check_forced(q, configs, k5_table, rng):
+    """q through each forced (tokens, warpgroups, K splits) at M = 1, 70, 257, dtypes
+    alternating, with a bias; splits -1 (stream-K) must have run as stream-K at M = 257."""
+    n, kdim = q.shape
+    w = _weight(q)
+    try:
+        for i, (tn, wg, splits) in enumerate(configs):
+            ops.force_wgmma_config(tn, wg, splits, k5_table)
+            dtype = (torch.float16, torch.bfloat16)[i % 2]
+            bias = torch.randn(n, generator=rng).to(dtype).cuda()
+            for m in (1, 70, 257):
+                x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
+                err = _rel_err(_run(q, x, bias).cpu(), ref.linear(x.cpu(), w, bias.cpu()))
+                assert err <= TOL[dtype], (tn, wg, splits, m, err)
+                if splits == -1 and m == 257:
+                    assert ops.wgmma_last_streamk(), (tn, wg)
+    finally:
+        ops.force_wgmma_config()
+
+
 @needs_wgmma
 @pytest.mark.parametrize("k", [2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -61,20 +81,8 @@ def test_wgmma_shapes_and_m(k, dtype, rng):
 def test_wgmma_every_cta_shape(k, k5_table, rng):
     """Every (tokens, warpgroups, K splits) per CTA the launcher can pick, forced, with a bias;
     k = 5 with each of its two codebook tables."""
-    n, kdim = 200, 4128
-    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
-    w = _weight(q)
-    try:
-        for i, (tn, wg, splits) in enumerate(CONFIGS):
-            ops.force_wgmma_config(tn, wg, splits, k5_table)
-            dtype = (torch.float16, torch.bfloat16)[i % 2]
-            bias = torch.randn(n, generator=rng).to(dtype).cuda()
-            for m in (1, 70, 257):
-                x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
-                err = _rel_err(_run(q, x, bias).cpu(), ref.linear(x.cpu(), w, bias.cpu()))
-                assert err <= TOL[dtype], (tn, wg, splits, m, err)
-    finally:
-        ops.force_wgmma_config()
+    q = kbit.repack(kbit.quantize(random_weight(200, 4128, gen=rng, device="cuda", spread=0.5), k=k))
+    _check_forced(q, CONFIGS, k5_table, rng)
 
 
 @needs_wgmma
@@ -84,23 +92,9 @@ def test_wgmma_runtime_absmax_formats(k, k5_table, absmax_format, rng):
     """E4M4 weights run kernels compiled for that format; the other formats run the kernels
     that read it at run time: every k (k = 5 with both tables), both dtypes, tile widths
     with and without a split, stream-K (forced: 8 tiles of 65 k-steps at M = 257), a bias."""
-    n, kdim = 256, 4128
-    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k,
+    q = kbit.repack(kbit.quantize(random_weight(256, 4128, gen=rng, device="cuda", spread=0.5), k=k,
                                   absmax_format=absmax_format))
-    w = _weight(q)
-    try:
-        for i, (tn, wg, splits) in enumerate([(32, 1, 1), (128, 2, 2), (256, 1, 3), (256, 2, 1), (256, 1, -1)]):
-            ops.force_wgmma_config(tn, wg, splits, k5_table)
-            dtype = (torch.float16, torch.bfloat16)[i % 2]
-            bias = torch.randn(n, generator=rng).to(dtype).cuda()
-            for m in (1, 70, 257):
-                x = torch.randn(m, kdim, generator=rng).to(dtype).cuda()
-                err = _rel_err(_run(q, x, bias).cpu(), ref.linear(x.cpu(), w, bias.cpu()))
-                assert err <= TOL[dtype], (tn, wg, splits, m, err)
-                if splits == -1 and m == 257:
-                    assert ops.wgmma_last_streamk()
-    finally:
-        ops.force_wgmma_config()
+    _check_forced(q, [(32, 1, 1), (128, 2, 2), (256, 1, 3), (256, 2, 1), (256, 1, -1)], k5_table, rng)
 
 
 @needs_wgmma
