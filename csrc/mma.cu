@@ -1118,7 +1118,6 @@ inline int forced_few_warps() {
 // The partial sums are added by the last slice alone (owners = 1) where S = 2 and M <= 16,
 // else by all S slices, each for 1 / S of the outputs (H200, v36: the last slice alone was
 // 0.1-0.5 us faster per call at S = 2, M <= 16, and up to 10 us slower at S = 8, M = 64).
-
 struct Plan {
   int S = 0, sps = 0, rg = 0, ctas = 0;
   int owners = 1;  // slices of a set that add up partial sums (mma_body, step 4): 1 or S

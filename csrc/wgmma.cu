@@ -124,9 +124,6 @@ constexpr uint32_t kTableBytes = W5 ? 128 * 1024 : K_BITS == 5 ? 64 * 1024 : 256
 // SM sub-partition, 168 registers each, and the 128 accumulators per thread no longer fit
 // (ptxas serialized the wgmmas, C7512); with a producer warpgroup the consumers take 232
 // registers and the producer 40 (setmaxnreg: 2 x 232 + 40 = 3 x 168).
-// The kernel's absmax format (kRuntimeFmt: common.cuh): E4M4 has its own kernels, in which the
-// decode's scale lookups are plain loads with no branch on the format between them and the
-// table lookups, so ptxas can interleave the passes (NOTES.md v54).
 template <int TN, int WG> constexpr bool kRegSplit = TN == 256 && WG == 2;
 template <int TN, int WG> constexpr int kProducerThreads = kRegSplit<TN, WG> ? 128 : 32;
 constexpr int kConsumerRegs = 232, kProducerRegs = 40;
@@ -319,6 +316,10 @@ __device__ __forceinline__ void add_scaled_halves(float* v, const uint32_t (&w)[
   }
 }
 
+// FMT: the absmax format (kRuntimeFmt, common.cuh: the argument's). E4M4 has its own kernels,
+// in which the decode's scale lookups are plain loads with no branch on the format between
+// them and the table lookups, so ptxas can interleave the passes (1-5% per call on the H200,
+// NOTES.md v54).
 template <typename T, int K_BITS, int TN, int WG, bool W5 = false, int FMT = kRuntimeFmt>
 __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_kernel(
     const __grid_constant__ CUtensorMap x_map, int M, const int32_t* __restrict__ packed,
@@ -1201,8 +1202,9 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
     // solo at k = 5: the wide table (no bank conflicts) where it leaves enough stages
     const int ft = forced_table();
     if (ft != 1 && (solo || ft == 2) && wide5_stages >= (ft == 2 ? 1 : KBIT_WG_WIDE5_MIN_STAGES))
-      return launch_cfg<T, K_BITS, TN, WG, FMT, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N, K,
-                                                 sk_forced ? -1 : forced_splits, exponent, bias, out, ldo, ws);
+      return launch_cfg<T, K_BITS, TN, WG, FMT, true>(device, stream, x, M, ldx, packed, absmax, fmt, codebook, N,
+                                                      K, sk_forced ? -1 : forced_splits, exponent, bias, out, ldo,
+                                                      ws);
   }
   if (stages == 0) return cudaErrorInvalidValue;
   if (splits < 1 || splits > kMaxSplits) return cudaErrorInvalidValue;
