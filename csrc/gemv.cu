@@ -224,108 +224,27 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
   }
 }
 
-// gemv_rows_kernel: M = 1 with coalesced weights (session 24). Lane l of a warp takes row
-// n0 + l % RL and k phase warp * 32 / RL + l / RL; a CTA of W warps covers RL rows with
-// W * 32 / RL phases, tile kt going to phase kt mod (W * 32 / RL). tiled64 stores the (kt, n)
-// tiles of consecutive n one after another, so the RL lanes of a phase read RL * 8k
-// contiguous bytes. x is the same for every row: the CTA stages all of it once in shared
-// memory as fp32 (zeros past K) while its first tiles are in flight, and every lane reads its
-// tile's 64 values as float4 broadcasts. The decode is gemv_kernel's (block_dot: one shuffle
-// per value, fp32 block sums, one scale per block). Partial sums meet in a shuffle over the
-// phases of a warp, then in shared memory over the warps. Measured (H100, M = 1, cold,
+// gemv_rows_kernel: M = 1..4 tokens with coalesced weights (session 24; M = 2..4 session 43).
+// Lane l of a warp takes row n0 + l % RL and k phase warp * 32 / RL + l / RL; a CTA of W warps
+// covers RL rows with W * 32 / RL phases, tile kt going to phase kt mod (W * 32 / RL). tiled64
+// stores the (kt, n) tiles of consecutive n one after another, so the RL lanes of a phase read
+// RL * 8k contiguous bytes. x is the same for every row: the CTA stages the M tokens once in
+// shared memory as fp32 rows (token m at xs + m * KT * 64, zeros past K) while its first tiles
+// are in flight, and every lane reads its tile's 64 values as float4 broadcasts. The decode is
+// gemv_kernel's (block_dot: one shuffle per value, fp32 block sums, one scale per block; each
+// decoded value serves the M tokens). Partial sums meet in a shuffle over the phases of a
+// warp, then in shared memory over the warps. Measured (H100, M = 1, cold,
 // docs/gemv_rows_sweep_h100_v30.txt, bench v31): faster than gemv_kernel on every dense
 // shape; faster than mma on KV, Q at k = 2, 5 and gateup / O at k = 5, slower on the rest; on
-// 28672 x 8192 ~1.6 TB/s at k = 4 (mma 2.7): one shuffle per value caps the decode.
-template <typename T, int K_BITS, int RL, int U>
-__global__ void __launch_bounds__(256) gemv_rows_kernel(
-    const T* __restrict__ x, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
-    int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
-    float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int pdl) {
-  extern __shared__ float4 rows_smem[];
-  float* xs = reinterpret_cast<float*>(rows_smem);  // KT * 64 floats
-  float* red = xs + KT * 64;                          // W * RL partial sums
-  constexpr int G = 32 / RL;                          // phases per warp
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
-  const int64_t P = int64_t(W) * G;                   // phases per CTA
-  const int64_t n = int64_t(blockIdx.x) * RL + lane % RL;
-  const int64_t phase = warp * G + lane / RL, warp_phase = warp * G;
-  const bool row_ok = n < N;
-  auto tile_block = [&](int64_t kt) { return (kt * N + n) * kTileBlocks; };  // block 0 of (kt, n)
-  if (pdl > 0) pdl_wait();
-  const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));  // the shuffles' table
-  // A round: U tiles per lane, tile u at kt = base + u * P + phase. A slot is skipped when no
-  // lane of the warp has it (warp-uniform, as the shuffles need); a lane without a tile (past
-  // KT or N) decodes block 0 with scale 0.
-  Tile<K_BITS> tile[U];
-  auto load_round = [&](int64_t base) {
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      if (base + u * P + warp_phase >= KT) break;
-      const int64_t kt = base + u * P + phase;
-      const bool ok = row_ok && kt < KT;
-      const int64_t blk = ok ? tile_block(kt) : 0;
-#pragma unroll
-      for (int h = 0; h < kTileBlocks; h++) {
-        load_words<K_BITS, true>(tile[u].w[h], packed + (blk + h) * K_BITS);
-        tile[u].sbits[h] = load_absmax_bits_if<true>(absmax, absmax_format, blk + h, ok);
-      }
-    }
-  };
-  load_round(0);
-  // x -> fp32 in shared memory, 8 values per thread and step
-  for (int64_t i = int64_t(threadIdx.x) * 8; i < KT * 64; i += int64_t(blockDim.x) * 8) {
-    float f[8];
-    if (vec_x && i + 8 <= K) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + i));
-      const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int e = 0; e < 8; e++) f[e] = half_to_float<T>(wv[e >> 1], e & 1);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++) f[e] = i + e < K ? to_float(x[i + e]) : 0.f;
-    }
-    reinterpret_cast<float4*>(xs + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    reinterpret_cast<float4*>(xs + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
-  }
-  __syncthreads();
-  float acc = 0.f;
-  for (int64_t base = 0; base < KT; base += P * U) {
-    if (base > 0) load_round(base);
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      if (base + u * P + warp_phase >= KT) break;
-      const int64_t kt = base + u * P + phase;
-      const float4* xq = reinterpret_cast<const float4*>(xs + (kt < KT ? kt : 0) * 64);
-#pragma unroll
-      for (int h = 0; h < kTileBlocks; h++) {
-        float sum[1] = {0.f};
-        block_dot<K_BITS, 1>(tile[u].w[h], cb, [&](int, int j) { return xq[8 * h + j]; }, sum);
-        acc = fmaf(sum[0], absmax_of_bits(tile[u].sbits[h], absmax_format), acc);
-      }
-    }
-  }
-  if (pdl > 0) pdl_trigger();
-#pragma unroll
-  for (int d = RL; d < 32; d <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
-  if (lane < RL) red[warp * RL + lane] = acc;
-  __syncthreads();
-  if (threadIdx.x < RL) {
-    const int64_t row = int64_t(blockIdx.x) * RL + threadIdx.x;
-    float v = 0.f;
-    for (int w = 0; w < W; w++) v += red[w * RL + threadIdx.x];
-    if (row < N) out[row] = from_float<T>(v * shift_up + (bias != nullptr ? to_float(bias[row]) : 0.f));
-  }
-}
-
-// gemv_rows_m_kernel: gemv_rows_kernel for M = 2..4 tokens (session 43; gemv_kernel's
-// uncoalesced loads made M = 2 ~2.3x and M = 4 ~3x slower than this on the H200, NOTES.md v53).
-// x of the M tokens is staged as fp32 rows (token m at xs + m * KT * 64); each decoded value
-// serves the M tokens. A separate kernel rather than an M parameter of gemv_rows_kernel: that
-// version's M = 1 instantiation compiled to fewer registers and measured 5-25% slower at M = 1
-// (KV k = 2 2.49 -> 2.77 us, down k = 4 6.5 -> 8.1: its main loop unrolled into two copies of
-// the round body instead of three, 80 registers instead of 99), so M = 1 keeps its code.
+// 28672 x 8192 ~1.6 TB/s at k = 4 (mma 2.7): one shuffle per value caps the decode. At M =
+// 2..4 gemv_kernel's uncoalesced loads were ~2.3x (M = 2) to ~3x (M = 4) slower (H200, v53).
+// M = 1 takes its own forms of the x staging (no division) and of the epilogue (one `if`
+// rather than a loop): with the general forms ptxas unrolled the main loop into two copies of
+// the round body instead of three (79 registers instead of 99) and M = 1 ran 5-25% slower
+// (v53 item 5); with them the M = 1 code is instruction for instruction session 24's kernel
+// (scripts/sass_diff.py, NOTES.md v54 item 7).
 template <typename T, int K_BITS, int M, int RL, int U>
-__global__ void __launch_bounds__(256) gemv_rows_m_kernel(
+__global__ void __launch_bounds__(256) gemv_rows_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
@@ -363,7 +282,11 @@ __global__ void __launch_bounds__(256) gemv_rows_m_kernel(
   // x -> fp32 in shared memory, 8 values per thread and step (token m at xs + m * KT * 64)
   const int64_t row_len = KT * 64;
   for (int64_t i = int64_t(threadIdx.x) * 8; i < M * row_len; i += int64_t(blockDim.x) * 8) {
-    const int64_t m = i / row_len, c = i - m * row_len;  // a step never crosses a token (row_len % 8 == 0)
+    int64_t m = 0, c = i;
+    if constexpr (M > 1) {
+      m = i / row_len;  // a step never crosses a token (row_len % 8 == 0)
+      c = i - m * row_len;
+    }
     const T* src = x + m * ldx + c;
     float f[8];
     if (vec_x && c + 8 <= K) {
@@ -410,12 +333,21 @@ __global__ void __launch_bounds__(256) gemv_rows_m_kernel(
     if (lane < RL) red[(warp * RL + lane) * M + m] = acc[m];
   }
   __syncthreads();
-  for (int t = threadIdx.x; t < RL * M; t += blockDim.x) {  // a 1-warp CTA has fewer threads than outputs
-    const int r = t % RL, m = t / RL;
-    const int64_t row = int64_t(blockIdx.x) * RL + r;
-    float v = 0.f;
-    for (int w = 0; w < W; w++) v += red[(w * RL + r) * M + m];
-    if (row < N) out[m * ldo + row] = from_float<T>(v * shift_up + (bias != nullptr ? to_float(bias[row]) : 0.f));
+  if constexpr (M == 1) {  // RL <= 32 <= blockDim.x
+    if (threadIdx.x < RL) {
+      const int64_t row = int64_t(blockIdx.x) * RL + threadIdx.x;
+      float v = 0.f;
+      for (int w = 0; w < W; w++) v += red[w * RL + threadIdx.x];
+      if (row < N) out[row] = from_float<T>(v * shift_up + (bias != nullptr ? to_float(bias[row]) : 0.f));
+    }
+  } else {
+    for (int t = threadIdx.x; t < RL * M; t += blockDim.x) {  // a 1-warp CTA has fewer threads than outputs
+      const int r = t % RL, m = t / RL;
+      const int64_t row = int64_t(blockIdx.x) * RL + r;
+      float v = 0.f;
+      for (int w = 0; w < W; w++) v += red[(w * RL + r) * M + m];
+      if (row < N) out[m * ldo + row] = from_float<T>(v * shift_up + (bias != nullptr ? to_float(bias[row]) : 0.f));
+    }
   }
 }
 
@@ -467,22 +399,15 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
     cfg.blockDim = dim3(c.warps * 32);
     cfg.dynamicSmemBytes = size_t(smem);
     cfg.stream = s;
-    if constexpr (M == 1) {
-      constexpr auto kernel = gemv_rows_kernel<T, K_BITS, RL, 4>;
-      const int pdl = pdl_for<kernel>(device);
-      return launch_kernel(cfg, 1, 0, pdl, kernel, x, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
-                           pdl);
-    } else {
-      constexpr auto kernel = gemv_rows_m_kernel<T, K_BITS, M, RL, 4>;
-      if (smem > 48 * 1024) {
-        // x of M tokens as fp32 passes the default 48 KB at M * K > 12288
-        const cudaError_t e = smem_optin<kernel>(device, int(limit));
-        if (e != cudaSuccess) return e;
-      }
-      const int pdl = pdl_for<kernel>(device);
-      return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias,
-                           out, ldo, pdl);
+    constexpr auto kernel = gemv_rows_kernel<T, K_BITS, M, RL, 4>;
+    if (smem > 48 * 1024) {
+      // x of M tokens as fp32 passes the default 48 KB at M * K > 12288 (M > 1 only: see limit)
+      const cudaError_t e = smem_optin<kernel>(device, int(limit));
+      if (e != cudaSuccess) return e;
     }
+    const int pdl = pdl_for<kernel>(device);
+    return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
+                         ldo, pdl);
   };
   if (c.rl == 8) err = go(std::integral_constant<int, 8>{});
   else if constexpr (M == 1) {
