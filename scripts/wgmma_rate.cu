@@ -205,28 +205,36 @@ __global__ void __launch_bounds__(WGS * 128 + (COPY ? 32 : 0), 1) rate_kernel(in
   if (sum != 0.f) sink[threadIdx.x] = sum;  // never (zero data): keeps the MMAs
 }
 
+// Runs `launch` twice (warm-up, then timed by events): the timed run's ms, and its mean over the
+// CTAs of the cycles thread 0 wrote to d_cycles.
+template <typename Launch>
+void measure(Launch&& launch, int sms, const long long* d_cycles, float& ms, double& mean_cycles) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  launch();
+  CK(cudaEventRecord(e0));
+  launch();
+  CK(cudaEventRecord(e1));
+  CK(cudaEventSynchronize(e1));
+  CK(cudaGetLastError());
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  long long* h = new long long[sms];
+  CK(cudaMemcpy(h, d_cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost));
+  mean_cycles = 0;
+  for (int i = 0; i < sms; i++) mean_cycles += double(h[i]) / sms;
+  delete[] h;
+}
+
 template <int TN, int WGS, bool SS, bool WRITE_A, bool DEC = false, bool COPY = false>
 void run(const char* name, int steps, int sms, long long* d_cycles, float* sink, const char* src, int src_bytes) {
   auto kernel = rate_kernel<TN, WGS, SS, WRITE_A, DEC, COPY>;
   const int smem = Lay<TN, WGS>::end;  // > half an SM: one CTA per SM
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   const int threads = WGS * 128 + (COPY ? 32 : 0);  // + the producer warp
-  kernel<<<sms, threads, smem>>>(steps, d_cycles, sink, src, src_bytes);  // warm-up
-  CK(cudaEventRecord(e0));
-  kernel<<<sms, threads, smem>>>(steps, d_cycles, sink, src, src_bytes);
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  CK(cudaGetLastError());
   float ms = 0.f;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  long long* h = new long long[sms];
-  CK(cudaMemcpy(h, d_cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost));
   double mean = 0;
-  for (int i = 0; i < sms; i++) mean += double(h[i]) / sms;
-  delete[] h;
+  measure([&] { kernel<<<sms, threads, smem>>>(steps, d_cycles, sink, src, src_bytes); }, sms, d_cycles, ms, mean);
   const double per_step = mean / steps, ideal = WGS * 4.0 * TN / 2;
   const double tflops = 2.0 * sms * WGS * 64.0 * TN * 64.0 * steps / (ms * 1e-3) / 1e12;
   printf("%-36s %8.1f cycles/step  ideal %6.0f  pipe %5.1f%%  %6.1f TFLOP/s\n", name, per_step, ideal,
@@ -348,22 +356,10 @@ void run_pipe(const char* name, int steps, int sms, long long* d_cycles, float* 
   auto kernel = pipe_kernel<TN, DEC, SLOTS, WB, PF, WE, XS>;
   const int smem = (DEC ? kTable : 0) + SLOTS * (TN * 128 + 4096) + 16 * SLOTS + 128 + (WE > 1 ? WB * WE : 0);
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  kernel<<<sms, 160, smem>>>(steps, d_cycles, sink, xsrc, x_bytes, wsrc, w_bytes);
-  CK(cudaEventRecord(e0));
-  kernel<<<sms, 160, smem>>>(steps, d_cycles, sink, xsrc, x_bytes, wsrc, w_bytes);
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  CK(cudaGetLastError());
   float ms = 0.f;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  long long* h = new long long[sms];
-  CK(cudaMemcpy(h, d_cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost));
   double mean = 0;
-  for (int i = 0; i < sms; i++) mean += double(h[i]) / sms;
-  delete[] h;
+  measure([&] { kernel<<<sms, 160, smem>>>(steps, d_cycles, sink, xsrc, x_bytes, wsrc, w_bytes); }, sms, d_cycles, ms,
+          mean);
   const double per_step = mean / steps, ideal = 4.0 * TN / 2;
   const double feed = double(sms) * (TN * 128 + WB) * steps / (ms * 1e-3) / 1e12;
   printf("%-36s %8.1f cycles/step  ideal %6.0f  pipe %5.1f%%  %6.2f TB/s into shared memory\n", name, per_step,
