@@ -7,6 +7,10 @@ nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm, which run on a CPU machine).
 
     python scripts/sass_diff.py old.o new.o [--map 'gemv_rows_m_kernel=>gemv_rows_kernel' ...]
 
+Kernels in an anonymous namespace carry a hash of the source path (_GLOBAL__N__<hash>_): for
+objects built from different paths, map the old hash to the new one first
+(--map '_GLOBAL__N__8dbd8d80_=>_GLOBAL__N__33047b72_'; cuobjdump -sass shows both).
+
 Exit status 0 when every paired kernel is identical and none is unpaired."""
 import argparse
 import re
