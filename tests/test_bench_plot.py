@@ -75,3 +75,16 @@ def test_picked_totals_follow_the_dispatch_table(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     picked = lines[lines.index(next(x for x in lines if "kbit.linear picks" in x)) + 3:]
     assert picked[:3] == ["| 1 | 3.33x* |", "| 8 | 5.00x |", "| 16 | 2.00x* |"]
+
+
+def test_tables_without_a_dense_shape(capsys):
+    """`kbit bench --shapes big` (no dense shape) prints the big rows and no TOTAL or summary
+    (it divided by a zero TOTAL before)."""
+    from kbit.bench.linear_suite import print_tables
+
+    results = {(1, "big", k): {"MMA": 40.0 + k, "Scalar": 70.0} for k in (2, 4)}
+    print_tables([1], [2, 4], [], ["big"], results, {(1, "big"): 108.0}, {("big", 2): 66e6, ("big", 4): 125e6}, str)
+    out = capsys.readouterr().out
+    rows = [x for x in out.splitlines() if x.startswith("| big")]
+    assert len(rows) == 2 and rows[1].endswith(f"{108.0 / 44.0:>6.2f}x |")
+    assert "| TOTAL" not in out and "Summary" not in out and "no dense shape selected" in out

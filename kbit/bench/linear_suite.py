@@ -194,7 +194,7 @@ def print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title, famil
                   f"| {gbps:>5.0f} | {f / row[best]:>6.2f}x |")
             return row[best]
 
-        for k in ks:
+        for k in ks if dense else ():  # no TOTAL rows without a dense shape (--shapes big)
             tot_best = tot_fp16 = 0.0
             for name in dense:
                 tot_best += line(name, k, results[(m, name, k)], fp16[(m, name)])
@@ -207,6 +207,9 @@ def print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title, famil
             for k in ks:
                 if (m, name, k) in results:
                     line(name, k, results[(m, name, k)], fp16[(m, name)])
+    if not dense:
+        print("\n(no dense shape selected: no TOTAL rows, no summary)")
+        return
     print("\nSummary: dense TOTAL (" + "+".join(dense) + ") fp16 / kbit Best")
     print("| M | " + " | ".join(f"k={k}" for k in ks) + " |")
     print("|---|" + "---|" * len(ks))
