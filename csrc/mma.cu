@@ -287,12 +287,24 @@ __device__ __forceinline__ uint32_t lookup5(uint32_t n, uint32_t hi, uint32_t la
 
 template <typename T, int K_BITS, int NT, bool W5 = false>
 __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2], uint32_t lane_base,
-                                         const T* const (&xb)[NT], float (&acc)[NT][kAccSets<NT>][4]) {
+                                         const T* const (&xb)[NT], const bool (&xok)[NT],
+                                         float (&acc)[NT][kAccSets<NT>][4]) {
   auto run = [&](int s, const uint32_t (&a)[4]) {
 #pragma unroll
     for (int tt = 0; tt < NT; tt++) {
-      const uint2 b = *reinterpret_cast<const uint2*>(xb[tt] + s * 16);
-      mma16816<T>(acc[tt][(s & 1) % kAccSets<NT>], a[0], a[1], a[2], a[3], b.x, b.y);
+      if constexpr (NT == 1) {
+        // lanes of tokens >= M skip the load (b0, b1 keep whatever the registers held: they
+        // only feed the MMA's columns >= M, which never leave the accumulators)
+        uint32_t b0, b1;
+        asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.shared.v2.b32 {%0, %1}, [%3];\n}"
+                     : "=r"(b0), "=r"(b1)
+                     : "r"(uint32_t(xok[tt])), "r"(uint32_t(__cvta_generic_to_shared(xb[tt] + s * 16))));
+        mma16816<T>(acc[tt][(s & 1) % kAccSets<NT>], a[0], a[1], a[2], a[3], b0, b1);
+      } else {
+        (void)xok;
+        const uint2 b = *reinterpret_cast<const uint2*>(xb[tt] + s * 16);
+        mma16816<T>(acc[tt][(s & 1) % kAccSets<NT>], a[0], a[1], a[2], a[3], b.x, b.y);
+      }
     }
   };
   if constexpr (K_BITS == 5) {
@@ -464,12 +476,23 @@ size_t smem_bytes(int M, int steps, int acc, int reserved, int n_stages, int sta
   return layout_of<T, K_BITS>(uint32_t(reserved), M, steps, acc, n_stages, stage_bytes, wide).end;
 }
 // Bulk variant: bytes of one stage (2 k-tiles of the CTA's rg * 16 rows: words, then scales).
+// The second k-tile's words start kWordsPad bytes after the first's end: a quarter-warp's
+// word loads (lanes g = 2q, 2q + 1, c = 0..3: 2 x 32 bytes of each k-tile at k = 4; k = 2, 3,
+// 5 alike) then hit distinct banks; without it, wchunk being a multiple of 128 bytes (rg = 14:
+// 7168), every LDS.128 of the words took 8 wavefronts instead of 4 (ncu source counters, 8192
+// x 28672 at M = 1, k = 4: 23% of the kernel's shared-memory wavefronts; NOTES.md v56).
+#ifndef KBIT_MMA_WPAD
+#define KBIT_MMA_WPAD 64
+#endif
+constexpr int kWordsPad = KBIT_MMA_WPAD;
 template <int K_BITS>
 __host__ __device__ constexpr int words_chunk(int rg) { return rg * kRows * kTileBlocks * K_BITS * 4; }
+template <int K_BITS>
+__host__ __device__ constexpr int words_stride(int rg) { return words_chunk<K_BITS>(rg) + kWordsPad; }
 __host__ __device__ constexpr int scales_chunk(int rg, int scale_bytes) { return rg * kRows * kTileBlocks * scale_bytes; }
 template <int K_BITS>
 __host__ __device__ constexpr int stage_bytes_of(int rg, int scale_bytes) {
-  return (2 * (words_chunk<K_BITS>(rg) + scales_chunk(rg, scale_bytes)) + 127) / 128 * 128;
+  return (2 * words_stride<K_BITS>(rg) + 2 * scales_chunk(rg, scale_bytes) + 127) / 128 * 128;
 }
 template <int FMT> constexpr int kScaleBytes = absmax_bytes(FMT);
 
@@ -662,7 +685,8 @@ __device__ __forceinline__ void mma_body(
   // bulk: step s -> stage s % n_stages; the copies of its (up to) 2 k-tiles of rows
   // group0 * 16 .. + rows (words, then scales) complete on full[stage]
   const int rows = rg_valid * kRows;
-  const uint32_t wchunk = words_chunk<K_BITS>(rg_per_cta), schunk = scales_chunk(rg_per_cta, kScaleBytes<FMT>);
+  // stage layout: words of k-tile j at j * wstride, scales of k-tile j at 2 * wstride + j * schunk
+  const uint32_t wstride = words_stride<K_BITS>(rg_per_cta), schunk = scales_chunk(rg_per_cta, kScaleBytes<FMT>);
   const uint32_t wb = rows * kTileBlocks * K_BITS * 4, sb = rows * kTileBlocks * kScaleBytes<FMT>;
   // f(j, words, scales) for the (up to) 2 k-tiles j of `step`: their global addresses
   auto step_chunks = [&](int step, auto&& f) {
@@ -677,8 +701,8 @@ __device__ __forceinline__ void mma_body(
     const uint32_t bar = full_sh + 8 * stage, dst = stages_sh + stage * stage_bytes;
     mbar_expect_tx(bar, min(2, KT - 2 * (step0 + step)) * (wb + sb));
     step_chunks(step, [&](int j, const int32_t* words, const char* sc) {
-      bulk_copy(dst + j * wchunk, words, wb, bar);
-      bulk_copy(dst + 2 * wchunk + j * schunk, sc, sb, bar);
+      bulk_copy(dst + j * wstride, words, wb, bar);
+      bulk_copy(dst + 2 * wstride + j * schunk, sc, sb, bar);
     });
   };
 
@@ -845,13 +869,16 @@ __device__ __forceinline__ void mma_body(
                                           : K_BITS == 2 ? uint32_t(lane & (KBIT_MMA_K2_COLS - 1)) * 8u
                                                         : uint32_t(lane) * 4u);
   float acc[NT][kAccSets<NT>][4] = {};
-  // this lane's staged x (token tt * 8 + g) at step 0, or the zero row
+  // this lane's staged x (token tt * 8 + g) at step 0; for a token >= M: at NT = 1 token 0's
+  // (item_mma skips those lanes' loads: at M <= 4 a warp's x load then takes one shared-memory
+  // wavefront instead of two, NOTES.md v56), else the zero row (at NT >= 2 the predicated loads
+  // made the register-ring kernels spill: 8192 x 28672 at M = 16 twice as slow)
   const T* xb0[NT];
   bool tok_ok[NT];
 #pragma unroll
   for (int tt = 0; tt < NT; tt++) {
     tok_ok[tt] = tt * 8 + g < M;
-    xb0[tt] = (tok_ok[tt] ? x_at(tt * 8 + g) : zero_row) + frag_index(0, 0, c);
+    xb0[tt] = (tok_ok[tt] ? x_at(tt * 8 + g) : NT == 1 ? x_at(0) : zero_row) + frag_index(0, 0, c);
   }
   // A warp's sums of a row group leave its registers when it moves on to the next row group
   // or runs out of items (flush). Two ways:
@@ -901,8 +928,8 @@ __device__ __forceinline__ void mma_body(
         int stage = p % n_stages;
         uint32_t phase = (p / n_stages) & 1;
         const int row = rgw * kRows + g;  // row g + 8's block is 16 blocks later
-        const uint32_t woff = (c >> 1) * wchunk + (row * kTileBlocks + (c & 1)) * K_BITS * 4;
-        const uint32_t soff = 2 * wchunk + (c >> 1) * schunk + (row * kTileBlocks + (c & 1)) * kScaleBytes<FMT>;
+        const uint32_t woff = (c >> 1) * wstride + (row * kTileBlocks + (c & 1)) * K_BITS * 4;
+        const uint32_t soff = 2 * wstride + (c >> 1) * schunk + (row * kTileBlocks + (c & 1)) * kScaleBytes<FMT>;
         for (int step = p; step < lsteps; step += P) {
           mbar_wait(full_sh + 8 * stage, phase);
           const char* sp = stages + size_t(stage) * stage_bytes;
@@ -917,8 +944,8 @@ __device__ __forceinline__ void mma_body(
                                   scale_pair<T>(it.scale_bits[1], FMT, scale_pairs)};
           const T* xb[NT];
 #pragma unroll
-          for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(step, 0, 0) : 0);
-          item_mma<T, K_BITS, NT>(it, s2, lane_base, xb, acc);
+          for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (NT == 1 || tok_ok[tt] ? frag_index(step, 0, 0) : 0);
+          item_mma<T, K_BITS, NT>(it, s2, lane_base, xb, tok_ok, acc);
           stage += P;
           while (stage >= n_stages) {
             stage -= n_stages;
@@ -944,8 +971,8 @@ __device__ __forceinline__ void mma_body(
         }
         const T* xb[NT];
 #pragma unroll
-        for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (tok_ok[tt] ? frag_index(cur.step, 0, 0) : 0);
-        item_mma<T, K_BITS, NT, kW5>(it, s2, lane_base, xb, acc);
+        for (int tt = 0; tt < NT; tt++) xb[tt] = xb0[tt] + (NT == 1 || tok_ok[tt] ? frag_index(cur.step, 0, 0) : 0);
+        item_mma<T, K_BITS, NT, kW5>(it, s2, lane_base, xb, tok_ok, acc);
         const int rg = cur.rg;
         advance(cur);
         if (cur.rg != rg || base + d + 1 == n_items) flush(rg);
