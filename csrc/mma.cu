@@ -126,6 +126,14 @@ constexpr int kUpfront = (KBIT_MMA_UPFRONT_NT2_K2 && NT == 2 && K_BITS == 2) ? D
 #ifndef KBIT_MMA_PROBE_NOTR
 #define KBIT_MMA_PROBE_NOTR 0
 #endif
+// NT = 1: the B fragments of two MMAs per 16-byte x load (frag_at; 0: one 8-byte load per MMA)
+#ifndef KBIT_MMA_XPAIR
+#define KBIT_MMA_XPAIR 1
+#endif
+// Only k = 2, 4: k = 5 measured slower with it (O, Q, down at M = 1..8 +0.2-0.3 us each, not
+// understood; its NT = 1 kernels take the 128 KB wide table), k = 3 was not measured.
+template <int K_BITS, int NT>
+constexpr bool kXPair = KBIT_MMA_XPAIR && NT == 1 && (K_BITS == 2 || K_BITS == 4);
 // k = 5 at NT = 1 (M <= 8, register ring): the 128 KB "wide" codebook table, a column per lane
 // (no bank conflicts; entry_addr5w, as wgmma.cu's), at the start of the shared window; 0 keeps
 // the 64 KB table whose columns lanes L and L + 16 share (2-way conflicts). H100 probe with the
@@ -289,10 +297,19 @@ template <typename T, int K_BITS, int NT, bool W5 = false>
 __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t (&s2)[2], uint32_t lane_base,
                                          const T* const (&xb)[NT], const bool (&xok)[NT],
                                          float (&acc)[NT][kAccSets<NT>][4]) {
+  uint32_t xq[4];  // XPAIR: the B registers of MMAs s & ~1 and s | 1 (NT = 1)
   auto run = [&](int s, const uint32_t (&a)[4]) {
 #pragma unroll
     for (int tt = 0; tt < NT; tt++) {
-      if constexpr (NT == 1) {
+      if constexpr (kXPair<K_BITS, NT>) {
+        // one 16-byte load at every even s (run goes s = 0, 1, ..., 7 at every k); lanes of
+        // tokens >= M skip it as below
+        if ((s & 1) == 0)
+          asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %4, 0;\n @p ld.shared.v4.b32 {%0, %1, %2, %3}, [%5];\n}"
+                       : "=r"(xq[0]), "=r"(xq[1]), "=r"(xq[2]), "=r"(xq[3])
+                       : "r"(uint32_t(xok[tt])), "r"(uint32_t(__cvta_generic_to_shared(xb[tt] + (s >> 1) * 32))));
+        mma16816<T>(acc[tt][(s & 1) % kAccSets<NT>], a[0], a[1], a[2], a[3], xq[(s & 1) * 2], xq[(s & 1) * 2 + 1]);
+      } else if constexpr (NT == 1) {
         // lanes of tokens >= M skip the load (b0, b1 keep whatever the registers held: they
         // only feed the MMA's columns >= M, which never leave the accumulators)
         uint32_t b0, b1;
@@ -408,6 +425,17 @@ __device__ __forceinline__ void item_mma(const Item<K_BITS>& it, const uint32_t 
 // are kXPad halves longer than the steps need (row stride = 32 bytes mod 128: the 4 rows of a
 // half-warp hit distinct banks).
 __host__ __device__ constexpr int frag_index(int t, int s, int c) { return ((t * 8 + s) * 4 + c) * 4; }
+// NT = 1 (M <= 8) with KBIT_MMA_XPAIR: MMAs 2p and 2p + 1 of lane c side by side, so that one
+// 16-byte load brings both B fragments (at M <= 2 one shared-memory wavefront for two MMAs
+// instead of two); rows 64 bytes mod 128 apart (xpad_of), so that a quarter-warp's two rows
+// (the unit of a 16-byte load) hit distinct banks. NOTES.md v56, next-session item (a).
+template <int K_BITS, int NT>
+__host__ __device__ constexpr int frag_at(int t, int s, int c) {
+  return kXPair<K_BITS, NT> ? ((t * 4 + s / 2) * 4 + c) * 8 + (s & 1) * 4 : frag_index(t, s, c);
+}
+// halves of padding per staged x row for M tokens (NT = 1 iff M <= 8)
+template <int K_BITS>
+__host__ __device__ constexpr int xpad_of(int M) { return M <= 8 && kXPair<K_BITS, 1> ? 2 * kXPad : kXPad; }
 
 constexpr int kZeroBytes = 256;  // a zero x "row" of one step, read by the lanes of tokens >= M
 
@@ -447,7 +475,7 @@ template <typename T, int K_BITS>
 __host__ __device__ Layout layout_of(uint32_t base, int M, int steps, int acc, int n_stages, int stage_bytes,
                                      bool wide = false) {
   const size_t small = kScalePairBytes + kZeroBytes + size_t(acc) * M * kAccStride * sizeof(float) + 16 * size_t(n_stages);
-  const size_t row = size_t(steps * kStepK + kXPad) * sizeof(T);
+  const size_t row = size_t(steps * kStepK + xpad_of<K_BITS>(M)) * sizeof(T);
   Layout l;
   // wide: at the window's kWideAt (dynamic shared memory starts there or before: `base` is
   // its offset in the window, <= kWideAt; plan_of checks), everything else behind it
@@ -551,7 +579,7 @@ __device__ __forceinline__ void mma_body(
   const uint32_t empty_sh = full_sh + 8 * n_stages;
   char* stages = smem + lay.stages;
   const uint32_t stages_sh = smem_sh + uint32_t(lay.stages);
-  const int x_row = steps * kStepK + kXPad;  // halves
+  const int x_row = steps * kStepK + xpad_of<K_BITS>(M);  // halves
   // staged x row of token m: in front of the table or behind it
   auto x_at = [&](int m) {
     return m < lay.rows_front ? reinterpret_cast<T*>(smem + lay.x_front) + size_t(m) * x_row
@@ -615,6 +643,7 @@ __device__ __forceinline__ void mma_body(
     auto half_of = [&](int q, int hi) {
       return (q & 1) ? (hi == 0 ? 0x32 : 0x3200) : (hi == 0 ? 0x10 : 0x1000);
     };
+    uint32_t pe[2] = {0u, 0u};  // XPAIR: the even MMA's pair, stored with the odd one's
 #pragma unroll
     for (int s = 0; s < 8; s++) {
       // MMA s slot w reads block position slot_position(s, w)
@@ -628,7 +657,14 @@ __device__ __forceinline__ void mma_body(
           pr[w] = __byte_perm(v[qa >> 1], v[qb >> 1], half_of(qa, 0) | (half_of(qb, 1) + 0x4400));
         }
       }
-      *reinterpret_cast<uint2*>(dst + frag_index(u.t, s, cc)) = make_uint2(pr[0], pr[1]);
+      if constexpr (kXPair<K_BITS, NT>) {
+        if (s & 1)
+          *reinterpret_cast<uint4*>(dst + frag_at<K_BITS, NT>(u.t, s - 1, cc)) = make_uint4(pe[0], pe[1], pr[0], pr[1]);
+        pe[0] = pr[0];
+        pe[1] = pr[1];
+      } else {
+        *reinterpret_cast<uint2*>(dst + frag_index(u.t, s, cc)) = make_uint2(pr[0], pr[1]);
+      }
     }
   };
   const int group0 = cta * rg_per_cta;
@@ -878,7 +914,7 @@ __device__ __forceinline__ void mma_body(
 #pragma unroll
   for (int tt = 0; tt < NT; tt++) {
     tok_ok[tt] = tt * 8 + g < M;
-    xb0[tt] = (tok_ok[tt] ? x_at(tt * 8 + g) : NT == 1 ? x_at(0) : zero_row) + frag_index(0, 0, c);
+    xb0[tt] = (tok_ok[tt] ? x_at(tt * 8 + g) : NT == 1 ? x_at(0) : zero_row) + frag_at<K_BITS, NT>(0, 0, c);
   }
   // A warp's sums of a row group leave its registers when it moves on to the next row group
   // or runs out of items (flush). Two ways:
@@ -1170,7 +1206,7 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
     const int sps = int(ceil_div(total, S));
     if (int64_t(S - 1) * sps >= total) continue;  // an empty slice: a smaller S does the same
     const size_t x_bytes = size_t(M) * sps * kStepK * sizeof(T);
-    if (size_t(M) * (sps * kStepK + kXPad) * sizeof(T) > size_t(kMaxXSmem)) continue;
+    if (size_t(M) * (sps * kStepK + xpad_of<K_BITS>(M)) * sizeof(T) > size_t(kMaxXSmem)) continue;
     const int per_wave = dev.sms / S;  // CTAs of one slice per wave
     int rg = int(ceil_div(groups, per_wave));
     // (the register ring's layout; the bulk variant, chosen later, has its own)
