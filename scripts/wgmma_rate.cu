@@ -118,6 +118,62 @@ struct Lay {
                        bars = ring + kSlots * kSlot, end = bars + 64;
 };
 
+__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+}
+
+// A consumer's registers before its timed loop: accumulators, this step's and the previous
+// step's A.
+template <int TN>
+__device__ __forceinline__ void consumer_zero(float (&acc)[TN / 2], uint32_t (&a)[4][4], uint32_t (&a_prev)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) a[j][i] = a_prev[j][i] = 0u;
+}
+// A consumer's step after its A registers exist, as wgmma.cu's: 4 wgmma on B at b (A at at for
+// SS, else a[j]), commit, wait for the previous step's group; the previous step's A stays
+// live until its MMAs are done.
+template <int TN, bool SS>
+__device__ __forceinline__ void consumer_mma(float (&acc)[TN / 2], uint32_t (&a)[4][4], uint32_t (&a_prev)[4][4],
+                                             uint32_t at, uint32_t b) {
+  keep(acc);
+  RATE_ASM("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    if constexpr (SS) mma_ss<TN>(acc, desc_sw128(at + j * 32), desc_sw128(b + j * 32));
+    else mma_rs<TN>(acc, a[j], desc_sw128(b + j * 32));
+  }
+  RATE_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
+  keep(acc);
+  RATE_ASM("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      asm volatile("" ::"r"(a_prev[j][i]));
+      a_prev[j][i] = a[j][i];
+    }
+}
+// After a consumer's timed loop: its last group, the CTA's cycles since t0 (thread 0), and a
+// never-taken store that keeps the MMAs (zero data).
+template <int TN>
+__device__ __forceinline__ void consumer_finish(float (&acc)[TN / 2], long long t0, long long* cycles, float* sink) {
+  RATE_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  keep(acc);
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < TN / 2; i++) sum += acc[i];
+  if (sum != 0.f) sink[threadIdx.x] = sum;
+}
+
 template <int TN, int WGS, bool SS, bool WRITE_A, bool DEC, bool COPY>
 __global__ void __launch_bounds__(WGS * 128 + (COPY ? 32 : 0), 1) rate_kernel(int steps, long long* cycles, float* sink,
                                                                  const char* src, int src_bytes) {
@@ -136,13 +192,7 @@ __global__ void __launch_bounds__(WGS * 128 + (COPY ? 32 : 0), 1) rate_kernel(in
       for (int s = 0; s < steps; s++) {
         const int slot = s % kSlots;
         const uint32_t bar = base + L::bars + 8 * slot, dst = base + L::ring + slot * kSlot;
-        if (s >= kSlots) {  // the slot's previous copy landed
-          const uint32_t parity = uint32_t((s / kSlots - 1) & 1);
-          uint32_t done = 0;
-          while (!done)
-            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-        }
+        if (s >= kSlots) mbar_wait_parity(bar, uint32_t((s / kSlots - 1) & 1));  // the slot's previous copy landed
         asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(kSlot) : "memory");
         const char* from = src + (int64_t(blockIdx.x) * kSlot + int64_t(s) * kSlot) % src_bytes;
         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -155,13 +205,8 @@ __global__ void __launch_bounds__(WGS * 128 + (COPY ? 32 : 0), 1) rate_kernel(in
   const uint32_t b = base + L::b, at = base + L::a + wg * 8192;
   const uint32_t col = base + L::table + lane * 4;
   float acc[TN / 2];
-#pragma unroll
-  for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
   uint32_t a[4][4], a_prev[4][4];
-#pragma unroll
-  for (int j = 0; j < 4; j++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) a[j][i] = a_prev[j][i] = 0u;
+  consumer_zero<TN>(acc, a, a_prev);
   const long long t0 = clock64();
   for (int s = 0; s < steps; s++) {
     if constexpr (DEC) {  // the words, 16 lookups in the table (byte i of word j: the row), the scale
@@ -177,32 +222,9 @@ __global__ void __launch_bounds__(WGS * 128 + (COPY ? 32 : 0), 1) rate_kernel(in
 #pragma unroll
         for (int i = 0; i < 4; i++) asm volatile("and.b32 %0, %1, 0;" : "=r"(a[j][i]) : "r"(s + j + i));
     }
-    keep(acc);
-    RATE_ASM("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      if constexpr (SS) mma_ss<TN>(acc, desc_sw128(at + j * 32), desc_sw128(b + j * 32));
-      else mma_rs<TN>(acc, a[j], desc_sw128(b + j * 32));
-    }
-    RATE_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
-    keep(acc);
-    RATE_ASM("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {  // the previous step's A stays live until its MMAs are done (as wgmma.cu)
-        asm volatile("" ::"r"(a_prev[j][i]));
-        a_prev[j][i] = a[j][i];
-      }
+    consumer_mma<TN, SS>(acc, a, a_prev, at, b);
   }
-  RATE_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  keep(acc);
-  const long long t1 = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < TN / 2; i++) sum += acc[i];
-  if (sum != 0.f) sink[threadIdx.x] = sum;  // never (zero data): keeps the MMAs
+  consumer_finish<TN>(acc, t0, cycles, sink);
 }
 
 // Runs `launch` twice (warm-up, then timed by events): the timed run's ms, and its mean over the
@@ -241,13 +263,6 @@ void run(const char* name, int steps, int sms, long long* d_cycles, float* sink,
          100.0 * ideal / per_step, tflops);
 }
 
-
-__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-}
 
 template <int TN, bool DEC, int SLOTS, int WB, int PF = 0, int WE = 1, int XS = 1>
 __global__ void __launch_bounds__(128 + 32, 1) pipe_kernel(int steps, long long* cycles, float* sink, const char* xsrc,
@@ -296,19 +311,17 @@ __global__ void __launch_bounds__(128 + 32, 1) pipe_kernel(int steps, long long*
   const int lane = threadIdx.x & 31;
   const uint32_t col = base + lane * 4;  // the table at 0 (DEC)
   float acc[TN / 2];
-#pragma unroll
-  for (int i = 0; i < TN / 2; i++) acc[i] = 0.f;
   uint32_t a[4][4], a_prev[4][4];
-#pragma unroll
-  for (int j = 0; j < 4; j++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) a[j][i] = a_prev[j][i] = 0u;
+  consumer_zero<TN>(acc, a, a_prev);
   int prev = 0;
   const long long t0 = clock64();
   for (int s = 0; s < steps; s++) {
     const int slot = s % SLOTS;
     const uint32_t st = ring + slot * kStage;
     mbar_wait_parity(full0 + 8 * slot, uint32_t((s / SLOTS) & 1));
+    // rate_kernel's decode pass, written out: as a shared helper ptxas reorders the address
+    // arithmetic of the n256 DEC pipe kernels (scripts/sass_diff.py), whose figures (NOTES.md
+    // v55 item 6) were measured on this form
     if constexpr (DEC) {
       const uint4 w = *reinterpret_cast<const uint4*>(smem + kT + slot * kStage + kX + (threadIdx.x & 127) * 16);
       const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
@@ -322,32 +335,12 @@ __global__ void __launch_bounds__(128 + 32, 1) pipe_kernel(int steps, long long*
 #pragma unroll
         for (int i = 0; i < 4; i++) asm volatile("and.b32 %0, %1, 0;" : "=r"(a[j][i]) : "r"(s + j + i));
     }
-    keep(acc);
-    RATE_ASM("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int j = 0; j < 4; j++) mma_rs<TN>(acc, a[j], desc_sw128(st + j * 32));
-    RATE_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
-    keep(acc);
-    RATE_ASM("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        asm volatile("" ::"r"(a_prev[j][i]));
-        a_prev[j][i] = a[j][i];
-      }
+    consumer_mma<TN, false>(acc, a, a_prev, 0u, st);
     __syncwarp();
     if (s > 0 && lane == 0) asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(empty0 + 8 * prev) : "memory");
     prev = slot;
   }
-  RATE_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  keep(acc);
-  const long long t1 = clock64();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < TN / 2; i++) sum += acc[i];
-  if (sum != 0.f) sink[threadIdx.x] = sum;
+  consumer_finish<TN>(acc, t0, cycles, sink);
 }
 
 template <int TN, bool DEC, int SLOTS, int WB, int PF = 0, int WE = 1, int XS = 1>
