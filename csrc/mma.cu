@@ -130,10 +130,14 @@ constexpr int kUpfront = (KBIT_MMA_UPFRONT_NT2_K2 && NT == 2 && K_BITS == 2) ? D
 #ifndef KBIT_MMA_XPAIR
 #define KBIT_MMA_XPAIR 1
 #endif
-// Only k = 2, 4: k = 5 measured slower with it (O, Q, down at M = 1..8 +0.2-0.3 us each, not
-// understood; its NT = 1 kernels take the 128 KB wide table), k = 3 was not measured.
+// Only k = 2, 3, 4: k = 5 measured slower with it twice (O, Q, down at M = 1..8 +0.2-0.4 us
+// each, not understood; its NT = 1 kernels take the 128 KB wide table; NOTES.md v56, v57).
+// KBIT_MMA_XPAIR_KMASK: bit k set = k uses it (default 28: k = 2, 3, 4)
+#ifndef KBIT_MMA_XPAIR_KMASK
+#define KBIT_MMA_XPAIR_KMASK 28
+#endif
 template <int K_BITS, int NT>
-constexpr bool kXPair = KBIT_MMA_XPAIR && NT == 1 && (K_BITS == 2 || K_BITS == 4);
+constexpr bool kXPair = KBIT_MMA_XPAIR && NT == 1 && ((KBIT_MMA_XPAIR_KMASK >> K_BITS) & 1);
 // k = 5 at NT = 1 (M <= 8, register ring): the 128 KB "wide" codebook table, a column per lane
 // (no bank conflicts; entry_addr5w, as wgmma.cu's), at the start of the shared window; 0 keeps
 // the 64 KB table whose columns lanes L and L + 16 share (2-way conflicts). H100 probe with the
