@@ -74,8 +74,8 @@ namespace {
 #ifndef KBIT_WG_MARK
 #define KBIT_WG_MARK(s, p)
 #endif
-// Timeline hook for the phases of a call (entry, tables built, main loop done, partials
-// written, end): empty in the library.
+// Timeline hook for the phases of a call (0 entry, 7 setup done, 1 tables built, 2 main loop
+// done, 3 partials written, 4 reduced, 5 end; 6 first copies landed): empty in the library.
 #ifndef KBIT_WG_PHASE
 #define KBIT_WG_PHASE(p)
 #endif
@@ -434,6 +434,7 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   // threadIdx directly is serialized by ptxas ("divergent path", C7518)
   const bool producer = __shfl_sync(0xffffffffu, tid >> 5, 0) >= WG * 4;
   __syncthreads();  // initialised mbarriers, zeroed tails, the scale-pair table
+  KBIT_WG_PHASE(7);
 
   float acc[TN / 2];
 #pragma unroll

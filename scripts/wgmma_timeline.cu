@@ -5,7 +5,8 @@
 // each point: 1 = A fragments decoded, 2 = the previous step's MMAs done, 4 = (negative) the
 // wait for the step's copies began; then the mean step
 // length; points never marked are left out; then the phases of the call from kernel entry:
-// tables built, first step's copies landed, main loop done, split-K partials written, end;
+// setup done (the first block-wide barrier, after the PDL wait), tables built, first step's
+// copies landed, main loop done, split-K partials written, end;
 // and the call's time from events). TN WG splits force the configuration (0 = automatic).
 // Hashed weights, zero codebook and x: timing only.
 #include <cstdio>
@@ -98,9 +99,9 @@ int main(int argc, char** argv) {
   printf(" | step %.0f cycles\n", len / n);
   static long long ph[8];
   CK(cudaMemcpyFromSymbol(ph, kbit_phase, sizeof(ph)));
-  printf("  phases (cycles from entry): tables %lld, first copies landed %lld (TN 256 WG 2 only), first step %lld, loop done %lld, partials %lld, reduced %lld, end %lld"
+  printf("  phases (cycles from entry): setup done %lld, tables %lld, first copies landed %lld (TN 256 WG 2 only), first step %lld, loop done %lld, partials %lld, reduced %lld, end %lld"
          " | %d steps | call %.1f us\n",
-         ph[1] - ph[0], ph[6] ? ph[6] - ph[0] : 0, t[0][0] - ph[0], ph[2] - ph[0], ph[3] ? ph[3] - ph[0] : 0, ph[4] ? ph[4] - ph[0] : 0,
+         ph[7] - ph[0], ph[1] - ph[0], ph[6] ? ph[6] - ph[0] : 0, t[0][0] - ph[0], ph[2] - ph[0], ph[3] ? ph[3] - ph[0] : 0, ph[4] ? ph[4] - ph[0] : 0,
          ph[5] - ph[0], steps, ms * 1e3);
   // every CTA (that writes C or a partial): ns from the first CTA's entry to its end
   static unsigned long long ct[4096][4];
