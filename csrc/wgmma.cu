@@ -70,6 +70,14 @@ namespace {
 #ifndef KBIT_WG_PROBE
 #define KBIT_WG_PROBE 0
 #endif
+// The unsplit epilogue's C stores as whole 128-byte token rows: 1 (default) where WG = 1 and
+// TN >= 128 (the M = 97..256 plans, stream-K owners included), 0 nowhere, 2 everywhere
+// (experiments). H200 A/B (NOTES.md v57): dense TOTAL M = 128 and 256 -0.5..-1.5 us at every k
+// with whole rows at WG = 1; M = 64 k = 2 +0.4 us and M = 1024 (WG = 2) k = 5 +1..+4 us with
+// them everywhere (the H100 saw the same at M = 1024, v44).
+#ifndef KBIT_WG_FULLLINE_C
+#define KBIT_WG_FULLLINE_C 1
+#endif
 // Timeline hook for scripts/wgmma_timeline.cu (empty in the library): point p of step s.
 #ifndef KBIT_WG_MARK
 #define KBIT_WG_MARK(s, p)
@@ -186,6 +194,17 @@ __device__ __forceinline__ void setmaxnreg_dec() { KBIT_WGMMA_ASM("setmaxnreg.de
 // Four 8x8 16-bit matrices from mma-fragment registers into shared memory, transposed: lane
 // L gives the address of stored row L % 8 of matrix L / 8, which receives column L % 8 of
 // that matrix's fragment.
+// 8 values (16 bytes in v) to dst: one 16-byte store where dst is 16-byte aligned (vec).
+template <typename T>
+__device__ __forceinline__ void store8(T* dst, const uint4& v, bool vec) {
+  if (vec) {
+    *reinterpret_cast<uint4*>(dst) = v;
+  } else {
+    const T* pv = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int j = 0; j < 8; j++) dst[j] = pv[j];
+  }
+}
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
   KBIT_WGMMA_ASM("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
                  "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
@@ -778,7 +797,13 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     consumer_sync<kThreads>();  // the space overlays stages and the table other warps may still read
     constexpr int kRowBytes = 48;  // 32 bytes of values + 16: conflict-free stmatrix rows
     static_assert(kThreads / 32 * TN * kRowBytes <= S::red_bytes, "C rows must fit the reduction tile");
-    const uint32_t region = lay.red + uint32_t((tid >> 5) * TN * kRowBytes);
+    // kFullLine: each warpgroup's 64 rows x TN tokens as token rows of 64 values (128 bytes;
+    // 16-byte chunk c of token t at chunk c ^ t % 8, conflict-free for the stmatrix and the
+    // reads), a warpgroup barrier, then whole 128-byte token rows to global memory (one warp
+    // store: 4 tokens x 128 bytes, where the per-warp form stores 16 scattered 32-byte pieces)
+    constexpr bool kFullLine = KBIT_WG_FULLLINE_C == 2 || (KBIT_WG_FULLLINE_C == 1 && WG == 1 && TN >= 128);
+    static_assert(!kFullLine || WG * TN * 128 <= S::red_bytes, "C rows must fit the reduction tile");
+    const uint32_t region = kFullLine ? lay.red + uint32_t(wg * TN * 128) : lay.red + uint32_t((tid >> 5) * TN * kRowBytes);
     const int nw = n0 + wg * kWgRows + warp * 16;  // first weight row of this warp
     float bv[2] = {0.f, 0.f};
 #pragma unroll
@@ -794,22 +819,32 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
         for (int h = 0; h < 2; h++)
           r[2 * di + h] = Pair<T>::pack(acc[4 * (i + di) + 2 * h] * shift_up + bv[h],
                                         acc[4 * (i + di) + 2 * h + 1] * shift_up + bv[h]);
-      stmatrix_x4_trans(region + uint32_t(((i + (q >> 1)) * 8 + (lane & 7)) * kRowBytes + (q & 1) * 16), r);
-    }
-    __syncwarp();
-#pragma unroll 4
-    for (int u = lane; u < ((KBIT_WG_PROBE & 16) ? 0 : TN * 2); u += 32) {
-      const int t = u >> 1, half = u & 1;
-      const int tok = m0 + t, n = nw + 8 * half;
-      if (tok >= M || n >= N) continue;  // N % 8 == 0: a half is all in or all out
-      const uint4 v = *reinterpret_cast<const uint4*>(gen + region + t * kRowBytes + half * 16);
-      T* dst = out + int64_t(tok) * ldo + n;
-      if (vec_out) {
-        *reinterpret_cast<uint4*>(dst) = v;
+      if constexpr (kFullLine) {
+        const int t = (i + (q >> 1)) * 8 + (lane & 7), chunk = 2 * warp + (q & 1);
+        stmatrix_x4_trans(region + uint32_t(t * 128 + ((chunk ^ (t & 7)) << 4)), r);
       } else {
-        const T* pv = reinterpret_cast<const T*>(&v);
-#pragma unroll
-        for (int j = 0; j < 8; j++) dst[j] = pv[j];
+        stmatrix_x4_trans(region + uint32_t(((i + (q >> 1)) * 8 + (lane & 7)) * kRowBytes + (q & 1) * 16), r);
+      }
+    }
+    if constexpr (kFullLine) {
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");  // this warpgroup's token rows are whole
+#pragma unroll 4
+      for (int u = tid & 127; u < ((KBIT_WG_PROBE & 16) ? 0 : TN * 8); u += 128) {
+        const int t = u >> 3, chunk = u & 7;
+        const int tok = m0 + t, n = n0 + wg * kWgRows + 8 * chunk;
+        if (tok >= M || n >= N) continue;  // N % 8 == 0: a chunk is all in or all out
+        store8(out + int64_t(tok) * ldo + n, *reinterpret_cast<const uint4*>(gen + region + t * 128 + ((chunk ^ (t & 7)) << 4)),
+               vec_out);
+      }
+    } else {
+      __syncwarp();
+#pragma unroll 4
+      for (int u = lane; u < ((KBIT_WG_PROBE & 16) ? 0 : TN * 2); u += 32) {
+        const int t = u >> 1, half = u & 1;
+        const int tok = m0 + t, n = nw + 8 * half;
+        if (tok >= M || n >= N) continue;  // N % 8 == 0: a half is all in or all out
+        store8(out + int64_t(tok) * ldo + n, *reinterpret_cast<const uint4*>(gen + region + t * kRowBytes + half * 16),
+               vec_out);
       }
     }
     KBIT_WG_PHASE(5);
