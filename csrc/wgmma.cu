@@ -191,9 +191,6 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { KBIT_WGMMA_ASM("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { KBIT_WGMMA_ASM("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
-// Four 8x8 16-bit matrices from mma-fragment registers into shared memory, transposed: lane
-// L gives the address of stored row L % 8 of matrix L / 8, which receives column L % 8 of
-// that matrix's fragment.
 // 8 values (16 bytes in v) to dst: one 16-byte store where dst is 16-byte aligned (vec).
 template <typename T>
 __device__ __forceinline__ void store8(T* dst, const uint4& v, bool vec) {
@@ -205,6 +202,9 @@ __device__ __forceinline__ void store8(T* dst, const uint4& v, bool vec) {
     for (int j = 0; j < 8; j++) dst[j] = pv[j];
   }
 }
+// Four 8x8 16-bit matrices from mma-fragment registers into shared memory, transposed: lane
+// L gives the address of stored row L % 8 of matrix L / 8, which receives column L % 8 of
+// that matrix's fragment.
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
   KBIT_WGMMA_ASM("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
                  "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
