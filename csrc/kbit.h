@@ -61,11 +61,12 @@ KBIT_API int kbit_gemv(int device, void* stream, const void* x, int dtype, int64
 // K. When no plan fits the device's opt-in shared memory (kbit_mma_smem_bytes returns 0), or
 // the workspace is too small or misaligned, the call returns cudaErrorInvalidValue without
 // launching.
-// flags: KBIT_MMA_WEIGHTS_STABLE promises that no kernel which may still be running (or
+// flags: KBIT_WEIGHTS_STABLE promises that no kernel which may still be running (or
 // flushing its writes) when this call is launched wrote packed, absmax or codebook; under PDL
 // the kernel then requests its first weights before it waits for the previous kernel (wrong
 // results if the promise is broken). 0 waits before every read.
-#define KBIT_MMA_WEIGHTS_STABLE 1
+#define KBIT_WEIGHTS_STABLE 1
+#define KBIT_MMA_WEIGHTS_STABLE KBIT_WEIGHTS_STABLE
 KBIT_API int kbit_mma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
                       const int32_t* packed, const void* absmax, int absmax_format,
                       const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
@@ -94,11 +95,13 @@ KBIT_API int kbit_device_smem_optin(int device);
 // workspace (may be null): at least kbit_wgmma_workspace_bytes(...) bytes for this call,
 // zeroed once before its first use and then used by one stream (or one CUDA graph) at a time:
 // every call leaves it as it found it. With it the kernel may split K stream-K style (partial
-// tiles through global memory); without it, it does not.
+// tiles through global memory); without it, it does not. flags: as kbit_mma's
+// (KBIT_WEIGHTS_STABLE: the codebook is requested before the PDL wait).
 KBIT_API int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
                         const int32_t* packed, const void* absmax, int absmax_format,
                         const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
-                        const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes);
+                        const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes,
+                        int flags);
 // The workspace bytes kbit_wgmma would use for this call (0: none; it would not run stream-K).
 KBIT_API int64_t kbit_wgmma_workspace_bytes(int device, int dtype, int64_t M, int64_t K, int64_t N, int k,
                                             int absmax_format);

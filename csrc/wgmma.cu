@@ -363,6 +363,14 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   }
   char* const gen = smem_raw - base;  // generic pointer of shared address 0 (+ address)
   const int tid = threadIdx.x;
+  // pdl == 2 (the caller's KBIT_WEIGHTS_STABLE, kbit.h: no kernel that may still be running
+  // wrote the weights or the codebook): lane i's codebook value is asked for first thing, so
+  // that its round trip overlaps the setup (H200, NOTES.md v58: dense TOTAL -0.2..-0.8 us at
+  // M = 64, 256). Otherwise it is read after the PDL wait. (The first steps' weights
+  // requested before the wait as well measured 1.4-3.7 us slower: v58.)
+  const bool early = pdl > 1;
+  float cb_lane = 0.f;  // lane i's codebook value (i mod 2^k): see the table build
+  if (early) cb_lane = __ldg(codebook + (tid & ((1 << K_BITS) - 1)));
   // PDL (launched with it when pdl > 0; common.cuh): the next kernel of the stream may start
   // once every CTA has begun (its CTAs then take SMs as these CTAs leave them). Up to
   // pdl_wait below nothing global is read or written (x, weights, codebook and bias may be
@@ -446,9 +454,9 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   }
   fill_scale_pairs<T>(reinterpret_cast<uint32_t*>(gen + lay.scales), tid, kAll);
   if (pdl > 0) pdl_wait();
-  // Lane i's codebook value (i mod 2^k), in flight across the barrier below; the table build
-  // takes the values by shuffles (one load round instead of two per entry: NOTES.md v21).
-  const float cb_lane = __ldg(codebook + (tid & ((1 << K_BITS) - 1)));
+  // Lane i's codebook value, in flight across the barrier below; the table build takes the
+  // values by shuffles (one load round instead of two per entry: NOTES.md v21).
+  if (!early) cb_lane = __ldg(codebook + (tid & ((1 << K_BITS) - 1)));
   // warp-uniform as far as the compiler can see (a shuffle from lane 0): wgmma in a branch on
   // threadIdx directly is serialized by ptxas ("divergent path", C7518)
   const bool producer = __shfl_sync(0xffffffffu, tid >> 5, 0) >= WG * 4;
@@ -1283,7 +1291,7 @@ cudaError_t launch_cfg(int device, cudaStream_t stream, const void* x, int64_t M
   unsigned* const sk_flags = want_sk ? static_cast<unsigned*>(ws.ptr) : nullptr;
   return launch_kernel(cfg, splits, 2, pdl, kernel, x_map, int(M), packed, absmax, fmt, codebook, int(N), int(K),
                        stages, splits, ldexpf(1.f, exponent), static_cast<const T*>(bias), static_cast<T*>(out), ldo,
-                       pdl, sk_ws, sk_flags);
+                       pdl > 0 && ws.weights_stable ? 2 : pdl, sk_ws, sk_flags);
 }
 
 template <typename T, int K_BITS, int FMT>
@@ -1398,9 +1406,12 @@ int wgmma_entry(int device, void* stream, const void* x, int dtype, int64_t M, i
 extern "C" int kbit_wgmma(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
                           const int32_t* packed, const void* absmax, int absmax_format,
                           const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
-                          const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes) {
+                          const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes,
+                          int flags) {
+  kbit::Workspace ws{workspace, workspace_bytes, nullptr};
+  ws.weights_stable = (flags & KBIT_WEIGHTS_STABLE) != 0;
   return kbit::wgmma_entry(device, stream, x, dtype, M, ldx, packed, absmax, absmax_format, codebook, k, N, K,
-                           absmax_exponent, bias, out, ldo, kbit::Workspace{workspace, workspace_bytes, nullptr});
+                           absmax_exponent, bias, out, ldo, ws);
 }
 
 extern "C" int64_t kbit_wgmma_workspace_bytes(int device, int dtype, int64_t M, int64_t K, int64_t N, int k,

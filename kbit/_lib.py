@@ -53,7 +53,7 @@ _SIGNATURES = {
     "kbit_mma_workspace_bytes": ([_c_int, _c_int, _c_i64, _c_i64, _c_i64], _c_i64),
     "kbit_wgmma": (
         [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_p, _c_p, _c_int, _c_p, _c_int, _c_i64,
-         _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_p, _c_i64],
+         _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_p, _c_i64, _c_int],
         _c_int,
     ),
     "kbit_wgmma_available": ([_c_int], _c_int),

@@ -139,8 +139,8 @@ def _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim):
     else:
         ws = ops._workspace(lib, run, x2, index, stream, need)
         args += (ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)
-        rc = (ops._call_mma(lib, args, qweight.packed, qweight.absmax, qweight.codebook) if run == "mma"
-              else lib.kbit_wgmma(*args))
+        rc = ops._call_stable(lib.kbit_mma if run == "mma" else lib.kbit_wgmma, args, qweight.packed,
+                              qweight.absmax, qweight.codebook)
     if rc:
         _lib.check(rc, run)
     return y

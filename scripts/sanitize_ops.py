@@ -91,7 +91,9 @@ for k in (2, 3, 4, 5):
         ops.mma(torch.randn(1, kdim, device="cuda").half(), *args)
 # wgmma (compute capability 9.0): every tile width and warpgroup count, split-K clusters (3: a
 # split with fewer steps), rows past N (200), a half last k-tile (K = 4128), tokens past the
-# CTA's tile, every k and absmax format, k = 5's two codebook tables
+# CTA's tile, every k and absmax format, k = 5's two codebook tables; every call after a
+# tensor set's first takes the early path (KBIT_WEIGHTS_STABLE: the codebook read before the
+# PDL wait), the first waits
 if ops.wgmma_supports(1, 64, 64, 4, "cuda"):
     for k in (2, 3, 4, 5):
         fmt = ("e4m4", "fp16", "fp32")[k % 3]

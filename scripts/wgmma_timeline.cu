@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < 3; rep++) {
     CK(cudaEventRecord(e0));
     CK(cudaError_t(kbit_wgmma(0, nullptr, x, KBIT_F16, M, K, packed, absmax, KBIT_ABSMAX_E4M4, cb, k, N, K, 0,
-                              nullptr, y, N, ws, ws_bytes)));
+                              nullptr, y, N, ws, ws_bytes, 0)));
     CK(cudaEventRecord(e1));
     CK(cudaDeviceSynchronize());
     CK(cudaEventElapsedTime(&ms, e0, e1));
