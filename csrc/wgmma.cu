@@ -365,9 +365,10 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
   const int tid = threadIdx.x;
   // pdl == 2 (the caller's KBIT_WEIGHTS_STABLE, kbit.h: no kernel that may still be running
   // wrote the weights or the codebook): lane i's codebook value is asked for first thing, so
-  // that its round trip overlaps the setup (H200, NOTES.md v58: dense TOTAL -0.2..-0.8 us at
-  // M = 64, 256). Otherwise it is read after the PDL wait. (The first steps' weights
-  // requested before the wait as well measured 1.4-3.7 us slower: v58.)
+  // that its round trip overlaps the setup. Otherwise it is read after the PDL wait. H200
+  // (NOTES.md v58): neutral (dense TOTAL within 0.2 us with and without it, the same binary);
+  // the first steps' weights requested before the wait as well, by bulk copies or into the
+  // consumers' registers, measured 1-4 us of TOTAL slower.
   const bool early = pdl > 1;
   float cb_lane = 0.f;  // lane i's codebook value (i mod 2^k): see the table build
   if (early) cb_lane = __ldg(codebook + (tid & ((1 << K_BITS) - 1)));
