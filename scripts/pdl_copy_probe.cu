@@ -122,13 +122,9 @@ int main() {
           cfg.blockDim = dim3(kThreads);
           cfg.dynamicSmemBytes = unsigned(f.smem);
           cfg.stream = s;
-          cudaLaunchAttribute attr[1];
-          attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-          attr[0].val.programmaticStreamSerializationAllowed = 1;
-          cfg.attrs = attr;
-          cfg.numAttrs = 1;
-          CK(cudaLaunchKernelEx(&cfg, copy_kernel, static_cast<const char*>(pool + size_t(i) * call_bytes), steps,
-                                early, mode, out));
+          // common.cuh's launcher: no cluster, PDL on
+          CK(launch_kernel(cfg, 1, 0, 1, copy_kernel, static_cast<const char*>(pool + size_t(i) * call_bytes), steps,
+                           early, mode, out));
         }, nv, st);
       }
       printf("| %s | %d | %.2f | %.2f | %.2f |\n", f.name, early, us[0], us[1], us[2]);
