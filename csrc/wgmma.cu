@@ -579,8 +579,17 @@ __global__ void __launch_bounds__(WG * 128 + kProducerThreads<TN, WG>, 1) wgmma_
     int slot = 0;
     uint32_t phase = 0, prev_empty = 0;
     uint32_t a_prev[4][4] = {};  // the A registers of the previous step
+    // The unroll factor must be even. Then a_prev = a (below) is a copy that ptxas folds into
+    // the other unrolled body's registers, and the empty asm that reads a_prev keeps the very
+    // registers step s - 1's wgmma reads alive through step s's decode. Unrolled by 1 the copy
+    // cannot share a's registers: step s's decode overwrote the A registers that step s - 1's
+    // wgmma was still reading, and 24 of test_wgmma's 38 tests failed (NOTES.md v59; explicit
+    // even / odd buffers in the source are the same SSA values, so no more robust, and slower).
+    // 4 where two warpgroups share a CTA (the M = 1024 plans: dense TOTAL -1..-3 us there,
+    // while WG = 1 at 4 was +0.2..+0.5 us at M = 128, 256; NOTES.md v59).
+    constexpr int kUnroll = WG == 2 ? 4 : 2;
     for (int q = 0; q < nseg; q++) {
-#pragma unroll 2
+#pragma unroll kUnroll
     for (int s = 0; s < seg_steps[q]; s++) {
       const uint32_t st = lay.stage(slot, S::stage_bytes);
       KBIT_WG_MARK(s, 4);
