@@ -67,10 +67,10 @@ _supported: dict = {}
 
 
 def _launch_args(qweight: QuantizedWeight, dev: torch.device):
-    """(packed, absmax, absmax code, codebook pointers, k, exponent, layout code) of a weight
-    on `dev` whose tensors are contiguous and 16-byte aligned, else None; cached per weight (its
-    fields are frozen; the cache entry is checked against the packed pointer and dropped with
-    the weight)."""
+    """(packed, absmax, absmax code, codebook pointers, k, exponent, layout code, whether any
+    of its tensors is an inference tensor) of a weight on `dev` whose tensors are contiguous and
+    16-byte aligned, else None; cached per weight (its fields are frozen; the cache entry is
+    checked against the packed pointer and dropped with the weight)."""
     hit = _weight_args.get(id(qweight))
     if hit is not None and hit[0]() is qweight and hit[1][0] == qweight.packed.data_ptr():
         return hit[1]
@@ -81,7 +81,8 @@ def _launch_args(qweight: QuantizedWeight, dev: torch.device):
         return None  # the op path checks everything and copies misaligned weights
     args = (qweight.packed.data_ptr(), qweight.absmax.data_ptr(),
             _lib.ABSMAX_CODES[qweight.absmax_format], qweight.codebook.data_ptr(), qweight.k,
-            qweight.absmax_exponent, _lib.LAYOUT_CODES[qweight.layout])
+            qweight.absmax_exponent, _lib.LAYOUT_CODES[qweight.layout],
+            qweight.packed.is_inference() or qweight.absmax.is_inference() or qweight.codebook.is_inference())
     key = id(qweight)
     _weight_args[key] = (weakref.ref(qweight, lambda _: _weight_args.pop(key, None)), args)
     return args
@@ -96,12 +97,14 @@ def _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim):
     `out` as [m, n] where the kernel can write it, else None."""
     lib = _lib._lib
     dev = x2.device
-    if lib is None or dev.type != "cuda" or x2.stride(-1) != 1:
+    strides = x2.stride()
+    if lib is None or dev.type != "cuda" or strides[1] != 1:
         return None
     wargs = _launch_args(qweight, dev)
     if wargs is None or qweight.layout != "tiled64":
         return None
-    key = (kernel, m, kdim, n, wargs[4], dev.index, x2.dtype)
+    index, dtype = dev.index, x2.dtype
+    key = (kernel, m, kdim, n, wargs[4], index, dtype)
     hit = _supported.get(key)
     if hit is None:
         # the kernel that runs: as in linear's op path, "wgmma" falls back to "mma" where the
@@ -116,22 +119,22 @@ def _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim):
         else:  # the GEMV takes any K (x from global memory when it does not fit shared memory)
             ok = 1 <= m <= ops.GEMV_MAX_M
         if ok and run != "gemv":  # the split workspace bytes (kbit/ops.py _workspace_need)
-            need = ops._workspace_need(lib, run, dev.index, x2.dtype, m, kdim, n, wargs[4], wargs[2])
+            need = ops._workspace_need(lib, run, index, dtype, m, kdim, n, wargs[4], wargs[2])
         hit = _supported[key] = (ok, run, need)
     ok, run, need = hit
     if not ok:
         return None
-    if run == "wgmma" and (x2.data_ptr() % 16 or x2.stride(0) % 8):
+    xp = x2.data_ptr()
+    if run == "wgmma" and (xp % 16 or strides[0] % 8):
         return None  # its TMA reads 16-byte aligned x rows; the op path copies x
-    if bias is not None and (bias.dtype != x2.dtype or bias.shape != (n,) or bias.device != dev
+    if bias is not None and (bias.dtype != dtype or bias.shape != (n,) or bias.device != dev
                              or not bias.is_contiguous()):
         return None
     if out is not None and out2 is None:
         return None
-    y = out2 if out2 is not None else torch.empty((m, n), dtype=x2.dtype, device=dev)
-    index = dev.index
+    y = out2 if out2 is not None else torch.empty((m, n), dtype=dtype, device=dev)
     stream = _stream_handle(index)
-    args = (index, stream, x2.data_ptr(), _lib.DTYPE_CODES[x2.dtype], m, x2.stride(0),
+    args = (index, stream, xp, _lib.DTYPE_CODES[dtype], m, strides[0],
             wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], n, kdim, wargs[5],
             bias.data_ptr() if bias is not None else None, y.data_ptr(), n)
     if run == "gemv":
@@ -140,7 +143,7 @@ def _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim):
         ws = ops._workspace(lib, run, x2, index, stream, need)
         args += (ws.data_ptr(), ws.numel()) if ws is not None else (None, 0)
         rc = ops._call_stable(lib.kbit_mma if run == "mma" else lib.kbit_wgmma, args, qweight.packed,
-                              qweight.absmax, qweight.codebook)
+                              qweight.absmax, qweight.codebook, wargs[7])
     if rc:
         _lib.check(rc, run)
     return y
@@ -175,18 +178,19 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     n, kdim = qweight.shape
     if x.dim() < 1 or x.shape[-1] != kdim:
         raise ValueError(f"x must have last dim K={kdim}, got shape {list(x.shape)}")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, kdim)
+    x2 = x if x.dim() == 2 else x.reshape(-1, kdim)  # (reshape costs ~1 us of host time)
     m = x2.shape[0]
     family = ops.device_family(x.device.index) if x.is_cuda else None  # a CUDA tensor's index is set
     kernel = kernel_for(m, n, kdim, qweight.k, family)
     # `out` as [m, n] where the kernels (or the matmul) can write into it directly
-    out2 = (out.view(m, n) if out is not None and out.is_contiguous() and out.dtype == x.dtype
-            and out.device == x.device and out.numel() == m * n else None)
+    out2 = None
+    if out is not None and out.is_contiguous() and out.dtype == x.dtype and out.device == x.device \
+            and out.numel() == m * n:
+        out2 = out if out.dim() == 2 and out.shape[0] == m else out.view(m, n)
     if x2.is_cuda and m > 0 and kernel != "dq" and not torch.compiler.is_compiling():
         y = _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim)
         if y is not None:
-            return out if y is out2 else y.view(*lead, n)
+            return out if y is out2 else y if x2 is x else y.view(*x.shape[:-1], n)
     small = None
     if qweight.layout == "tiled64" and m > 0 and kernel != "dq":
         if kernel == "wgmma" and ops.wgmma_supports(m, kdim, n, qweight.k, x.device):
@@ -214,7 +218,8 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
                 torch.addmm(bias, x2, w.T, out=out2)
             return out
         y = torch.nn.functional.linear(x2, w, bias)
-    y = y.view(*lead, n)
+    if x2 is not x:
+        y = y.view(*x.shape[:-1], n)
     if out is not None:
         out.copy_(y)
         return out
