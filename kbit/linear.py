@@ -186,7 +186,7 @@ def linear(x: torch.Tensor, qweight: QuantizedWeight, bias: torch.Tensor | None 
     out2 = None
     if out is not None and out.is_contiguous() and out.dtype == x.dtype and out.device == x.device \
             and out.numel() == m * n:
-        out2 = out if out.dim() == 2 and out.shape[0] == m else out.view(m, n)
+        out2 = out if out.shape == (m, n) else out.view(m, n)
     if x2.is_cuda and m > 0 and kernel != "dq" and not torch.compiler.is_compiling():
         y = _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim)
         if y is not None:
