@@ -22,7 +22,8 @@ enum { KBIT_LAYOUT_FLAT = 0, KBIT_LAYOUT_TILED64 = 1 };
 KBIT_API int kbit_abi_version(void);
 KBIT_API const char* kbit_error_string(int err);
 // Programmatic dependent launch mode of gemv, mma and wgmma (environment variable KBIT_PDL,
-// read once per process; default 1): 0 off, 1 on, 2 on with L2 prefetches before the wait.
+// read once per process; default 1): 0 off, 1 on (any other value is read as 1; the L2 prefetch
+// modes 2 and 3 were removed, NOTES.md v47).
 KBIT_API int kbit_pdl_mode(void);
 
 // weight [N, K] (row stride ld elements, unit column stride) -> packed int32 [N, KB, k] and
