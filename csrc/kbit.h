@@ -103,6 +103,13 @@ KBIT_API int kbit_wgmma(int device, void* stream, const void* x, int dtype, int6
                         const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
                         const void* bias, void* out, int64_t ldo, void* workspace, int64_t workspace_bytes,
                         int flags);
+// One call of kbit_gemv, kbit_mma or kbit_wgmma (kernel: KBIT_CALL_*) with its arguments in one
+// block of KBIT_CALL_ARGS int64 values, in kbit_mma's order (pointers as integers, 0 for NULL;
+// kbit_gemv ignores the last three). For callers where converting 20 arguments per call costs
+// more than the call (Python ctypes: ~2-4 us of an eager call's host time, NOTES.md v59).
+enum { KBIT_CALL_GEMV = 0, KBIT_CALL_MMA = 1, KBIT_CALL_WGMMA = 2 };
+#define KBIT_CALL_ARGS 20
+KBIT_API int kbit_small_m_call(int kernel, const int64_t* args);
 // The workspace bytes kbit_wgmma would use for this call (0: none; it would not run stream-K).
 KBIT_API int64_t kbit_wgmma_workspace_bytes(int device, int dtype, int64_t M, int64_t K, int64_t N, int k,
                                             int absmax_format);

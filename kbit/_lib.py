@@ -14,11 +14,13 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 F32, F16, BF16 = 0, 1, 2
 DTYPE_CODES = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 ABSMAX_CODES = {"e4m4": 0, "fp16": 1, "fp32": 2}
 LAYOUT_CODES = {"flat": 0, "tiled64": 1}
+CALL_CODES = {"gemv": 0, "mma": 1, "wgmma": 2}  # kbit_small_m_call's kernel (kbit.h KBIT_CALL_*)
+CallBlock = ctypes.c_int64 * 20  # its argument block (KBIT_CALL_ARGS)
 
 _HERE = Path(__file__).resolve().parent
 _lib: ctypes.CDLL | None = None
@@ -50,6 +52,7 @@ _SIGNATURES = {
          _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_p, _c_i64, _c_int],
         _c_int,
     ),
+    "kbit_small_m_call": ([_c_int, ctypes.POINTER(ctypes.c_int64)], _c_int),
     "kbit_mma_workspace_bytes": ([_c_int, _c_int, _c_i64, _c_i64, _c_i64], _c_i64),
     "kbit_wgmma": (
         [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_p, _c_p, _c_int, _c_p, _c_int, _c_i64,

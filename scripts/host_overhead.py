@@ -48,6 +48,14 @@ def ctypes_call(m):
                         wargs[4], N, K, wargs[5], None, y.data_ptr(), N, None, 0, 0)
 
 
+blocks = {m: _lib.CallBlock(0, stream, x.data_ptr(), 1, m, K, wargs[0], wargs[1], wargs[2], wargs[3], wargs[4], N, K,
+                            wargs[5], 0, y.data_ptr(), N, 0, 0, 0) for m in (0, 1)}
+
+
+def block_call(m):
+    return lib.kbit_small_m_call(_lib.CALL_CODES["mma"], blocks[m])
+
+
 rows = [
     ("kbit.linear(x, q, out=y)", lambda: kbit.linear(x, q, out=y)),
     ("kbit.linear(x, q)", lambda: kbit.linear(x, q)),
@@ -56,6 +64,8 @@ rows = [
     ("x.device / stream handle", lambda: torch.cuda.current_stream(x.device.index).cuda_stream),
     ("ctypes kbit_mma, M = 0 (no launch)", lambda: ctypes_call(0)),
     ("ctypes kbit_mma, M = 1 (launch)", lambda: ctypes_call(1)),
+    ("ctypes kbit_small_m_call mma, M = 0", lambda: block_call(0)),
+    ("ctypes kbit_small_m_call mma, M = 1", lambda: block_call(1)),
     ("ops.mma_out (torch.library op)", lambda: ops.mma_out(x, q.packed, q.absmax, q.codebook, N, K, 0, None, y)),
     ("fp16 torch.matmul(x, w.T, out=y)", lambda: torch.matmul(x, w.T, out=y)),
     ("fp16 F.linear(x, w)", lambda: torch.nn.functional.linear(x, w)),

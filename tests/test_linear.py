@@ -565,3 +565,53 @@ def test_linear_dq_fast_path(dtype, monkeypatch, rng):
     g.replay()
     torch.cuda.synchronize()
     assert _rel_err(y.cpu(), _reference(x, q)) <= TOL[dtype]
+
+
+def test_small_m_call_unknown_kernel():
+    """kbit_small_m_call refuses a kernel code it does not know without touching the device."""
+    if not _lib.available():
+        pytest.skip("native library not built")
+    blk = _lib.CallBlock()
+    assert _lib._lib.kbit_small_m_call(len(_lib.CALL_CODES), blk) != 0
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kernel, ms", [("gemv", (1, 3)), ("mma", (1, 8)), ("wgmma", (64, 96))])
+def test_linear_fast_path_threads(kernel, ms, monkeypatch, rng):
+    """Eager calls from several threads at once on one weight: each thread's x, out and M reach
+    its own launches (the fast path's argument blocks are per thread; ctypes releases the GIL
+    during each call). Outputs poisoned before every call; every call checked against the
+    single-threaded result of the same kernel."""
+    import threading
+
+    from kbit import dispatch_table
+
+    n, kdim, k = 512, 2048, 4
+    monkeypatch.setattr(dispatch_table, "TABLES", {dispatch_table.DEFAULT_FAMILY: {(n, kdim, k): ((1 << 20, kernel),)}})
+    q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda"), k=k))
+    jobs = []
+    for t in range(4):
+        x = torch.randn(ms[t % 2], kdim, generator=rng).to(torch.float16).cuda()
+        want = kbit.linear(x, q).float()
+        assert _rel_err(want.cpu(), _reference(x, q)) <= TOL[torch.float16]
+        jobs.append((x, torch.empty(x.shape[0], n, dtype=torch.float16, device="cuda"), want, []))
+    torch.cuda.synchronize()
+    start = threading.Barrier(len(jobs))
+
+    def work(x, out, want, errs):
+        start.wait()
+        for _ in range(200):
+            out.fill_(float("nan"))
+            kbit.linear(x, q, out=out)
+            errs.append(((out.float() - want).norm() / want.norm()).nan_to_num(float("inf")))
+        torch.cuda.synchronize()
+
+    threads = [threading.Thread(target=work, args=job) for job in jobs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for _, _, _, errs in jobs:
+        assert len(errs) == 200
+        # the same kernel on the same inputs: equal up to the split-K sums' order (mma, wgmma)
+        assert torch.stack(errs).max().item() <= 1e-3
