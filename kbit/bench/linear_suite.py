@@ -40,29 +40,36 @@ def floor_us(repeats: int) -> float:
     return graph_time_us(lambda i: t[i].fill_(1.0), 4, repeats=repeats)
 
 
-def host_overhead_us(calls: int = 300, reps: int = 5) -> tuple[float, float]:
+def host_overhead_us(calls: int = 300, reps: int = 5) -> tuple[float, float, float]:
     """Eager kbit.linear at M = 1 on gateup (k = 4): wall µs per call of back-to-back calls, the
-    best of `reps` runs of `calls` (host-bound when it exceeds the GPU time), and the GPU time
-    per call in a CUDA graph. The wall time is the host's as much as kbit's: H200 hosts of the
-    same code read 16.7 and 30.8 µs in single runs, and best-of-5 sets 18.3-29.0 µs within one
-    process (NOTES.md v57)."""
+    best of `reps` runs of `calls` (host-bound when it exceeds the GPU time); the same for an
+    eager fp16 torch.matmul(out=) of that shape, its runs interleaved with kbit's; and kbit's GPU
+    time per call in a CUDA graph. The wall times are the host's as much as the code's: H200
+    hosts of the same code read 16.7 and 30.8 µs in single runs, best-of-5 sets 18.3-29.0 µs
+    within one process (NOTES.md v57), and the host's speed drifted by up to 40% within minutes
+    (v59): their ratio is what compares."""
     import time
 
     K, N = DENSE["gateup"]
     q = kbit.repack(kbit.quantize(torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02, k=4))
+    w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
     x = torch.randn(1, K, dtype=torch.float16, device="cuda")
     y = torch.empty(1, N, dtype=torch.float16, device="cuda")
-    for _ in range(20):
-        kbit.linear(x, q, out=y)
+    y16 = torch.empty(1, N, dtype=torch.float16, device="cuda")
+    calls_of = {"kbit": lambda: kbit.linear(x, q, out=y), "fp16": lambda: torch.matmul(x, w.T, out=y16)}
+    for fn in calls_of.values():
+        for _ in range(20):
+            fn()
     torch.cuda.synchronize()
-    wall = float("inf")
+    wall = dict.fromkeys(calls_of, float("inf"))
     for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            kbit.linear(x, q, out=y)
-        torch.cuda.synchronize()
-        wall = min(wall, (time.perf_counter() - t0) / calls * 1e6)
-    return wall, graph_time_us(lambda i: kbit.linear(x, q, out=y), 1)
+        for name, fn in calls_of.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            wall[name] = min(wall[name], (time.perf_counter() - t0) / calls * 1e6)
+    return wall["kbit"], wall["fp16"], graph_time_us(lambda i: kbit.linear(x, q, out=y), 1)
 
 
 class _Weights:
@@ -148,10 +155,11 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
             _measure_cells(name, weights[name], m, ks, repeats, results, fp16, clocks, kernels)
     del weights
     torch.cuda.empty_cache()
-    wall, gpu = host_overhead_us()
+    wall, wall16, gpu = host_overhead_us()
     print(f"\nper-call floor (1-element fill_ in the same CUDA-graph harness): {floor:.2f} us")
     print(f"eager kbit.linear, M=1 gateup k=4, out= given: {wall:.1f} us per call wall-clock, best of 5 x 300 "
-          f"(back-to-back, host-bound if above the GPU time), {gpu:.1f} us GPU time (graph, hot)")
+          f"(back-to-back, host-bound if above the GPU time), {gpu:.1f} us GPU time (graph, hot); eager fp16 "
+          f"torch.matmul(out=) in the same loops: {wall16:.1f} us ({wall / wall16:.2f}x of it)")
 
     def title(m):
         clk = sorted(c for (mm, _), cs in clocks.items() if mm == m for c in cs)
@@ -164,6 +172,7 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
         **tables_json(kernels, results, fp16, weight_bytes),
         "floor_us": floor,
         "eager_linear_m1_wall_us": wall,
+        "eager_fp16_matmul_m1_wall_us": wall16,
         "sm_clock_mhz": {f"{m},{s}": v for (m, s), v in clocks.items()},
     }
 
