@@ -148,6 +148,18 @@ constexpr bool kXPair = KBIT_MMA_XPAIR && NT == 1 && ((KBIT_MMA_XPAIR_KMASK >> K
 #ifndef KBIT_MMA_SPEC_TABLE
 #define KBIT_MMA_SPEC_TABLE 1
 #endif
+// KBIT_MMA_EARLY_CB (default; the environment variable of the same name overrides it, for
+// experiments): in the kernels that request their first ring items before the PDL wait (NT =
+// 1, register ring, the caller's KBIT_MMA_WEIGHTS_STABLE), 1 also reads the codebook before
+// the wait (the table build's first shuffle waited for that load: ~11% of an M = 1 call's
+// stall samples, NOTES.md v38) and 2 builds the table there too; 0: both after the wait.
+// The speculative table (KBIT_MMA_SPEC_TABLE, k = 5) keeps its own path. Passed as the
+// kernel's pdl: 2 + mode. H200, 3 rounds back-to-back, dense TOTAL (NOTES.md v60): mode 2
+// -0.3..-0.6 us at M = 1, -0.6..-1.0 at M = 4, -1.0..-1.4 at M = 8 (k = 2, 3, 4); mode 1
+// -0.0..-0.4; after a non-PDL kernel mode 2 is within -0.5..+0.5 us.
+#ifndef KBIT_MMA_EARLY_CB
+#define KBIT_MMA_EARLY_CB 2
+#endif
 #ifndef KBIT_MMA_BULK_MIN_RG
 #define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
 #endif
@@ -801,7 +813,7 @@ __device__ __forceinline__ void mma_body(
   constexpr bool kSpec = KBIT_MMA_SPEC_TABLE == 2 || (KBIT_MMA_SPEC_TABLE == 1 && K_BITS == 5 && NT == 1);
   const bool spec = kSpec && pdl > 0;
   float cb_spec = 0.f;
-  // pdl == 2 (the caller's KBIT_MMA_WEIGHTS_STABLE, kbit.h: no kernel that may still be running
+  // pdl >= 2 (the caller's KBIT_MMA_WEIGHTS_STABLE, kbit.h: no kernel that may still be running
   // or flushing wrote the weights): the first kUpfront ring items are requested before the
   // wait, so that they stream while the previous kernel finishes (H100 A/B, NOTES.md v52: M = 1
   // k = 4 dense TOTAL -1.3..-1.8 us back-to-back). griddepcontrol.wait is what makes the
@@ -810,9 +822,14 @@ __device__ __forceinline__ void mma_body(
   // = 16 k = 4 0.8-1.3 us (TOTAL) slower with it off and 0.2-0.6 with it on (v52).
   constexpr bool kEarlyW = !BULK && NT == 1;
   const bool early_w = kEarlyW && pdl > 1;
+  // the same promise covers the codebook (KBIT_MMA_EARLY_CB): no re-read after the wait
+  const bool early_cb = kEarlyW && pdl > 2 && !spec;
+  const bool early_tb = early_cb && pdl > 3;
+  float cb_early = 0.f;
   if (pdl > 0) {
     pdl_trigger();
     if constexpr (kEarlyW) {
+      if (early_cb) cb_early = codebook[lane & cmask];  // first: the table build waits on it
       if (early_w) {
 #pragma unroll
         for (int d = 0; d < kUpfront<D, NT, K_BITS>; d++) {
@@ -820,6 +837,7 @@ __device__ __forceinline__ void mma_body(
           advance(load_cur);
         }
       }
+      if (early_tb) build_table(cb_early);
     }
     if (spec) {
       cb_spec = __ldcg(codebook + (lane & cmask));
@@ -827,7 +845,7 @@ __device__ __forceinline__ void mma_body(
     }
     pdl_wait();
   }
-  const float cb_lane = spec ? __ldcg(codebook + (lane & cmask)) : codebook[lane & cmask];
+  const float cb_lane = spec ? __ldcg(codebook + (lane & cmask)) : early_cb ? cb_early : codebook[lane & cmask];
   // A thread's second unit of x is also asked for here, and every later one before the
   // previous is staged, so that no unit's L2 round trip waits for another's staging (M = 16: 2-3
   // units per thread, M = 8 with K >= 4096: 2-3; NOTES.md v35: asking for each unit after
@@ -882,7 +900,7 @@ __device__ __forceinline__ void mma_body(
       if (xb.t < lsteps) fetch_x(xb, x1);
     }
   }
-  if (!spec) build_table(cb_lane);
+  if (!spec && !early_tb) build_table(cb_lane);
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
   if (!slot_mode)
     for (int i = threadIdx.x; i < rg_per_cta * M * kAccStride; i += kThreads) acc_s[i] = 0.f;
@@ -1261,6 +1279,16 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
   return best;
 }
 
+// KBIT_MMA_EARLY_CB's mode (0..2): the macro, or the environment variable (read once)
+inline int early_cb_mode() {
+  static const int mode = [] {
+    const char* e = std::getenv("KBIT_MMA_EARLY_CB");
+    const int v = e != nullptr && *e != '\0' ? std::atoi(e) : KBIT_MMA_EARLY_CB;
+    return v < 0 ? 0 : v > 2 ? 2 : v;
+  }();
+  return mode;
+}
+
 template <typename T, int K_BITS, int FMT, int NT>
 cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int32_t* packed,
                    const void* absmax, const float* cb, int64_t N, int64_t K, int exponent,
@@ -1323,9 +1351,10 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
   auto go = [&](auto bulk, auto split, auto warps) {
     constexpr int W = decltype(warps)::value;
     constexpr auto kernel = mma_kernel<T, K_BITS, FMT, NT, decltype(bulk)::value, decltype(split)::value, W>;
-    // 2: PDL with the first weights requested before the wait (mma_body), where the caller
-    // promised that no earlier kernel still in flight wrote them
-    const int pdl = pdl_for<kernel>(device) > 0 ? (ws.weights_stable && !decltype(bulk)::value ? 2 : 1) : 0;
+    // 2..4: PDL with the first weights (and by KBIT_MMA_EARLY_CB the codebook, the table)
+    // requested before the wait (mma_body), where the caller promised that no earlier kernel
+    // still in flight wrote them
+    const int pdl = pdl_for<kernel>(device) > 0 ? (ws.weights_stable && !decltype(bulk)::value ? 2 + early_cb_mode() : 1) : 0;
     const int items_per_warp = int(ceil_div(int64_t(rg) * steps, W));
     // the flush's slots (mma_body) where a warp's items touch at most 2 row groups in every
     // slice and the 2 W slot tiles fit (M = 48: 123 KB); else the atomics (and their
