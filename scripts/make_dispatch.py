@@ -3,6 +3,9 @@ measured (shape, k), the fastest kernel at each measured M, as ranges of M.
 
     python scripts/make_dispatch.py F [F2 ...] > kbit/dispatch_table.py
 
+F@name,name takes only those shapes' cells from F (e.g. the 8192 x 28672 rows, "big", of an
+older library's runs where the newer runs measured only the model shapes); the header says so.
+
 With several results (runs of the same library, on one GPU or several of the same
 architecture), a cell's kernel is the one with the highest median speedup over the runs that
 measured it, each run's times taken relative to its own fp16 time for that cell (so a run's
@@ -72,14 +75,25 @@ def main() -> None:
     p.add_argument("--default", help="the GPU family other GPUs use (default: the first result's)")
     args = p.parse_args()
     runs: dict[str, list] = {}  # family -> [(path, device, linear section)]
-    for path in args.json:
+    for arg in args.json:
+        path, _, only = arg.partition("@")
         data = json.load(open(path))
         lin = data["linear"]
+        label = Path(path).name
+        if only:
+            names = set(only.split(","))
+            unknown = names - set(DENSE) - set(EXTRA)
+            if unknown:
+                sys.exit(f"{arg}: unknown shape names {sorted(unknown)}")
+            lin = {**lin, "kbit_us": {key: row for key, row in lin["kbit_us"].items() if key.split(",")[1] in names}}
+            if not lin["kbit_us"]:
+                sys.exit(f"{arg}: {path} measured none of {sorted(names)}")
+            label += f" ({', '.join(sorted(names))} only)"
         missing = unmeasured(lin)
         if missing:
             sys.exit(f"{path} did not measure {missing}: the table needs a run of every kernel")
         device = data.get("info", {}).get("device", "?")
-        runs.setdefault(family_of(device), []).append((Path(path).name, device, lin))
+        runs.setdefault(family_of(device), []).append((label, device, lin))
     default = args.default or next(iter(runs))
     if default not in runs:
         sys.exit(f"--default {default}: no result from that family (have {sorted(runs)})")

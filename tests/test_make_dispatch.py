@@ -1,0 +1,57 @@
+"""scripts/make_dispatch.py on synthetic bench results (CPU only): the median pick per cell and
+the F@shapes filter that takes only some shapes' cells from a result."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _result(path: Path, times: dict) -> str:
+    """A `kbit bench --json` file holding the linear cells {(m, name, k): {column: us}}, fp16
+    at 10 us for every (m, name)."""
+    kbit_us = {f"{m},{name},{k}": row for (m, name, k), row in times.items()}
+    fp16_us = {f"{m},{name}": 10.0 for (m, name, _) in times}
+    data = {"info": {"device": "NVIDIA H200"},
+            "linear": {"kernels": ["Scalar", "MMA", "WGMMA", "dq+cuBLAS"], "kbit_us": kbit_us, "fp16_us": fp16_us}}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "make_dispatch.py"), *args],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def _tables(stdout: str) -> dict:
+    scope: dict = {}
+    exec(stdout, scope)  # the generated module is plain literals
+    return scope["TABLES"]
+
+
+def test_shape_filter_takes_only_the_named_shapes(tmp_path):
+    row = lambda fast: {c: (1.0 if c == fast else 5.0) for c in ("Scalar", "MMA", "WGMMA", "dq+cuBLAS")}  # noqa: E731
+    new = _result(tmp_path / "new.json", {(1, "KV", 4): row("Scalar"), (64, "KV", 4): row("WGMMA")})
+    old = _result(tmp_path / "old.json", {(1, "KV", 4): row("MMA"), (64, "KV", 4): row("MMA"),
+                                          (1, "big", 4): row("MMA"), (64, "big", 4): row("WGMMA")})
+    res = _run(new, old + "@big")
+    assert res.returncode == 0, res.stderr
+    table = _tables(res.stdout)["H200"]
+    assert table[(512, 2048, 4)] == ((1, "gemv"), (64, "wgmma"))  # the old run's KV cells left out
+    assert table[(28672, 8192, 4)] == ((1, "mma"), (64, "wgmma"))  # its big cells taken
+    assert "old.json (big only)" in res.stdout
+    # without the filter every cell of the old run counts
+    both = _tables(_run(new, old).stdout)["H200"]
+    assert both[(28672, 8192, 4)] == ((1, "mma"), (64, "wgmma"))
+
+
+@pytest.mark.parametrize("suffix, message", [("@nosuch", "unknown shape names"), ("@Q", "measured none of")])
+def test_shape_filter_rejects_bad_names(tmp_path, suffix, message):
+    path = _result(tmp_path / "r.json", {(1, "KV", 4): {"Scalar": 1.0, "MMA": 2.0, "WGMMA": 3.0, "dq+cuBLAS": 4.0}})
+    res = _run(path + suffix)
+    assert res.returncode != 0
+    assert message in res.stderr
