@@ -160,15 +160,6 @@ constexpr bool kXPair = KBIT_MMA_XPAIR && NT == 1 && ((KBIT_MMA_XPAIR_KMASK >> K
 #ifndef KBIT_MMA_EARLY_CB
 #define KBIT_MMA_EARLY_CB 2
 #endif
-// KBIT_MMA_EARLY_NT2_KMASK (bit k set = k): the same codebook / table before the wait in the
-// NT >= 2 kernels (M = 9..64, register ring; they request no ring items early: v52). The
-// environment variable KBIT_MMA_EARLY_NT2=0 switches it off at run time (experiments). H200,
-// every k compiled in, 2 rounds, MMA dense TOTAL (NOTES.md v60): k = 5 M = 12, 16 -0.8..-1.1 us,
-// M = 32 -0.5; k = 2 -0.2..-0.4 at M = 12, 16 but +0.2..+0.4 at M = 32; k = 4 +-0.1 at M = 12,
-// 16, +0.4..+0.5 at M = 32 (compiled in and off: +0.3 at M = 12, 16). So k = 5 only.
-#ifndef KBIT_MMA_EARLY_NT2_KMASK
-#define KBIT_MMA_EARLY_NT2_KMASK 32
-#endif
 #ifndef KBIT_MMA_BULK_MIN_RG
 #define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
 #endif
@@ -832,15 +823,14 @@ __device__ __forceinline__ void mma_body(
   constexpr bool kEarlyW = !BULK && NT == 1;
   const bool early_w = kEarlyW && pdl > 1;
   // the same promise covers the codebook (KBIT_MMA_EARLY_CB): no re-read after the wait
-  constexpr bool kEarlyCb = kEarlyW || (!BULK && NT > 1 && ((KBIT_MMA_EARLY_NT2_KMASK >> K_BITS) & 1));
-  const bool early_cb = kEarlyCb && pdl > 2 && !spec;
+  const bool early_cb = kEarlyW && pdl > 2 && !spec;
   const bool early_tb = early_cb && pdl > 3;
   float cb_early = 0.f;
   if (pdl > 0) {
     pdl_trigger();
-    if constexpr (kEarlyCb) {
+    if constexpr (kEarlyW) {
       if (early_cb) cb_early = codebook[lane & cmask];  // first: the table build waits on it
-      if (kEarlyW && early_w) {
+      if (early_w) {
 #pragma unroll
         for (int d = 0; d < kUpfront<D, NT, K_BITS>; d++) {
           load(ring[d], load_cur, d < n_items);
@@ -1289,20 +1279,14 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
   return best;
 }
 
-// KBIT_MMA_EARLY_CB's mode (0..2) for a kernel with NT token tiles: the macro, or the
-// environment variable (read once); 0 for NT >= 2 where the environment's KBIT_MMA_EARLY_NT2 is
-// 0 (kernels without the early path compiled in ignore the mode)
-inline int early_cb_mode(int nt) {
-  auto env = [](const char* name, int fallback) {
-    const char* e = std::getenv(name);
-    return e != nullptr && *e != '\0' ? std::atoi(e) : fallback;
-  };
-  static const int mode = [&] {
-    const int v = env("KBIT_MMA_EARLY_CB", KBIT_MMA_EARLY_CB);
+// KBIT_MMA_EARLY_CB's mode (0..2): the macro, or the environment variable (read once)
+inline int early_cb_mode() {
+  static const int mode = [] {
+    const char* e = std::getenv("KBIT_MMA_EARLY_CB");
+    const int v = e != nullptr && *e != '\0' ? std::atoi(e) : KBIT_MMA_EARLY_CB;
     return v < 0 ? 0 : v > 2 ? 2 : v;
   }();
-  static const bool nt2 = env("KBIT_MMA_EARLY_NT2", 1) != 0;
-  return nt == 1 || nt2 ? mode : 0;
+  return mode;
 }
 
 template <typename T, int K_BITS, int FMT, int NT>
@@ -1370,7 +1354,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     // 2..4: PDL with the first weights (and by KBIT_MMA_EARLY_CB the codebook, the table)
     // requested before the wait (mma_body), where the caller promised that no earlier kernel
     // still in flight wrote them
-    const int pdl = pdl_for<kernel>(device) > 0 ? (ws.weights_stable && !decltype(bulk)::value ? 2 + early_cb_mode(NT) : 1) : 0;
+    const int pdl = pdl_for<kernel>(device) > 0 ? (ws.weights_stable && !decltype(bulk)::value ? 2 + early_cb_mode() : 1) : 0;
     const int items_per_warp = int(ceil_div(int64_t(rg) * steps, W));
     // the flush's slots (mma_body) where a warp's items touch at most 2 row groups in every
     // slice and the 2 W slot tiles fit (M = 48: 123 KB); else the atomics (and their
