@@ -34,9 +34,12 @@ def _tables(stdout: str) -> dict:
 
 
 def test_shape_filter_takes_only_the_named_shapes(tmp_path):
-    row = lambda fast: {c: (1.0 if c == fast else 5.0) for c in ("Scalar", "MMA", "WGMMA", "dq+cuBLAS")}  # noqa: E731
+    def row(fast, us=1.0):
+        return {c: (us if c == fast else 5.0) for c in ("Scalar", "MMA", "WGMMA", "dq+cuBLAS")}
+
     new = _result(tmp_path / "new.json", {(1, "KV", 4): row("Scalar"), (64, "KV", 4): row("WGMMA")})
-    old = _result(tmp_path / "old.json", {(1, "KV", 4): row("MMA"), (64, "KV", 4): row("MMA"),
+    # the old run's KV M = 64 pick is far faster, so it wins the median whenever it counts
+    old = _result(tmp_path / "old.json", {(1, "KV", 4): row("MMA"), (64, "KV", 4): row("MMA", 0.1),
                                           (1, "big", 4): row("MMA"), (64, "big", 4): row("WGMMA")})
     res = _run(new, old + "@big")
     assert res.returncode == 0, res.stderr
@@ -46,6 +49,7 @@ def test_shape_filter_takes_only_the_named_shapes(tmp_path):
     assert "old.json (big only)" in res.stdout
     # without the filter every cell of the old run counts
     both = _tables(_run(new, old).stdout)["H200"]
+    assert both[(512, 2048, 4)][-1] == (64, "mma")
     assert both[(28672, 8192, 4)] == ((1, "mma"), (64, "wgmma"))
 
 
