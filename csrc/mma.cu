@@ -153,12 +153,25 @@ constexpr bool kXPair = KBIT_MMA_XPAIR && NT == 1 && ((KBIT_MMA_XPAIR_KMASK >> K
 // 1, register ring, the caller's KBIT_MMA_WEIGHTS_STABLE), 1 also reads the codebook before
 // the wait (the table build's first shuffle waited for that load: ~11% of an M = 1 call's
 // stall samples, NOTES.md v38) and 2 builds the table there too; 0: both after the wait.
-// The speculative table (KBIT_MMA_SPEC_TABLE, k = 5) keeps its own path. Passed as the
+// The speculative table (KBIT_MMA_SPEC_TABLE, k = 5 at NT = 1) keeps its own path; in mode 2
+// it trusts its pre-wait codebook read (no re-read, no compare: H200 -0.4..-0.5 us of M = 1..8's
+// k = 5 dense TOTAL, NOTES.md v61). Passed as the
 // kernel's pdl: 2 + mode. H200, 3 rounds back-to-back, dense TOTAL (NOTES.md v60): mode 2
 // -0.3..-0.6 us at M = 1, -0.6..-1.0 at M = 4, -1.0..-1.4 at M = 8 (k = 2, 3, 4); mode 1
 // -0.0..-0.4; after a non-PDL kernel mode 2 is within -0.5..+0.5 us.
 #ifndef KBIT_MMA_EARLY_CB
 #define KBIT_MMA_EARLY_CB 2
+#endif
+// KBIT_MMA_EARLY_NT2_KMASK (bit k set = k): the same codebook / table before the wait in the
+// NT >= 2 kernels (M = 9..64, register ring; they request no ring items early: v52). The
+// environment variable KBIT_MMA_EARLY_NT2=0 switches it off at run time (experiments). H200,
+// every k compiled in, 2 rounds, MMA dense TOTAL (NOTES.md v60): k = 5 M = 12, 16 -0.8..-1.1 us,
+// M = 32 -0.5; k = 2 -0.2..-0.4 at M = 12, 16 but +0.2..+0.4 at M = 32; k = 4 +-0.1 at M = 12,
+// 16, +0.4..+0.5 at M = 32 (compiled in and off: +0.3 at M = 12, 16). So k = 5 only (k = 3,
+// v61: -0.2 at M = 12, 16 and +0.3 at M = 32, mixed like k = 2). With both, H200 3 rounds (v61):
+// k = 5 dense TOTAL M = 12, 16 -1.1..-1.9 us against the table after the wait.
+#ifndef KBIT_MMA_EARLY_NT2_KMASK
+#define KBIT_MMA_EARLY_NT2_KMASK 32
 #endif
 #ifndef KBIT_MMA_BULK_MIN_RG
 #define KBIT_MMA_BULK_MIN_RG 6  // bulk copies (TMA) only for >= 6 row groups per CTA (see launch)
@@ -823,14 +836,15 @@ __device__ __forceinline__ void mma_body(
   constexpr bool kEarlyW = !BULK && NT == 1;
   const bool early_w = kEarlyW && pdl > 1;
   // the same promise covers the codebook (KBIT_MMA_EARLY_CB): no re-read after the wait
-  const bool early_cb = kEarlyW && pdl > 2 && !spec;
+  constexpr bool kEarlyCb = kEarlyW || (!BULK && NT > 1 && ((KBIT_MMA_EARLY_NT2_KMASK >> K_BITS) & 1));
+  const bool early_cb = kEarlyCb && pdl > 2 && !spec;
   const bool early_tb = early_cb && pdl > 3;
   float cb_early = 0.f;
   if (pdl > 0) {
     pdl_trigger();
-    if constexpr (kEarlyW) {
+    if constexpr (kEarlyCb) {
       if (early_cb) cb_early = codebook[lane & cmask];  // first: the table build waits on it
-      if (early_w) {
+      if (kEarlyW && early_w) {
 #pragma unroll
         for (int d = 0; d < kUpfront<D, NT, K_BITS>; d++) {
           load(ring[d], load_cur, d < n_items);
@@ -845,7 +859,14 @@ __device__ __forceinline__ void mma_body(
     }
     pdl_wait();
   }
-  const float cb_lane = spec ? __ldcg(codebook + (lane & cmask)) : early_cb ? cb_early : codebook[lane & cmask];
+  // The stable-weights promise with KBIT_MMA_EARLY_CB = 2 (pdl 4) covers the speculative
+  // table's codebook too: no re-read through L2 and no compare after the wait (mode 1 keeps
+  // both, for A/Bs; NOTES.md v61).
+  const bool spec_trusted = spec && pdl > 3;
+  const float cb_lane = spec_trusted ? cb_spec
+                        : spec       ? __ldcg(codebook + (lane & cmask))
+                        : early_cb   ? cb_early
+                                     : codebook[lane & cmask];
   // A thread's second unit of x is also asked for here, and every later one before the
   // previous is staged, so that no unit's L2 round trip waits for another's staging (M = 16: 2-3
   // units per thread, M = 8 with K >= 4096: 2-3; NOTES.md v35: asking for each unit after
@@ -904,7 +925,7 @@ __device__ __forceinline__ void mma_body(
   if (threadIdx.x < kZeroBytes / 4) reinterpret_cast<uint32_t*>(zero_row)[threadIdx.x] = 0u;
   if (!slot_mode)
     for (int i = threadIdx.x; i < rg_per_cta * M * kAccStride; i += kThreads) acc_s[i] = 0.f;
-  if (!spec) {
+  if (!spec || spec_trusted) {
     __syncthreads();
   } else if (__syncthreads_or(__float_as_uint(cb_lane) != __float_as_uint(cb_spec))) {
     build_table(cb_lane);  // the codebook changed under the speculative table: rebuild it
@@ -1279,14 +1300,20 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
   return best;
 }
 
-// KBIT_MMA_EARLY_CB's mode (0..2): the macro, or the environment variable (read once)
-inline int early_cb_mode() {
-  static const int mode = [] {
-    const char* e = std::getenv("KBIT_MMA_EARLY_CB");
-    const int v = e != nullptr && *e != '\0' ? std::atoi(e) : KBIT_MMA_EARLY_CB;
+// KBIT_MMA_EARLY_CB's mode (0..2) for a kernel with NT token tiles: the macro, or the
+// environment variable (read once); 0 for NT >= 2 where the environment's KBIT_MMA_EARLY_NT2 is
+// 0 (kernels without the early path compiled in ignore the mode)
+inline int early_cb_mode(int nt) {
+  auto env = [](const char* name, int fallback) {
+    const char* e = std::getenv(name);
+    return e != nullptr && *e != '\0' ? std::atoi(e) : fallback;
+  };
+  static const int mode = [&] {
+    const int v = env("KBIT_MMA_EARLY_CB", KBIT_MMA_EARLY_CB);
     return v < 0 ? 0 : v > 2 ? 2 : v;
   }();
-  return mode;
+  static const bool nt2 = env("KBIT_MMA_EARLY_NT2", 1) != 0;
+  return nt == 1 || nt2 ? mode : 0;
 }
 
 template <typename T, int K_BITS, int FMT, int NT>
@@ -1354,7 +1381,7 @@ cudaError_t launch(cudaStream_t s, const void* x, int64_t ldx, int M, const int3
     // 2..4: PDL with the first weights (and by KBIT_MMA_EARLY_CB the codebook, the table)
     // requested before the wait (mma_body), where the caller promised that no earlier kernel
     // still in flight wrote them
-    const int pdl = pdl_for<kernel>(device) > 0 ? (ws.weights_stable && !decltype(bulk)::value ? 2 + early_cb_mode() : 1) : 0;
+    const int pdl = pdl_for<kernel>(device) > 0 ? (ws.weights_stable && !decltype(bulk)::value ? 2 + early_cb_mode(NT) : 1) : 0;
     const int items_per_warp = int(ceil_div(int64_t(rg) * steps, W));
     // the flush's slots (mma_body) where a warp's items touch at most 2 row groups in every
     // slice and the 2 W slot tiles fit (M = 48: 123 KB); else the atomics (and their
