@@ -1,7 +1,7 @@
 // Library-wide entry points of the C interface (kbit.h).
 #include "common.cuh"
 
-extern "C" int kbit_abi_version(void) { return 10; }
+extern "C" int kbit_abi_version(void) { return 11; }
 
 extern "C" const char* kbit_error_string(int err) {
   return cudaGetErrorString(static_cast<cudaError_t>(err));
@@ -27,7 +27,7 @@ extern "C" int kbit_small_m_call(int kernel, const int64_t* a) {
   switch (kernel) {
     case KBIT_CALL_GEMV:
       return kbit_gemv(int(a[0]), ptr(1), x, int(a[3]), a[4], a[5], packed, ptr(7), int(a[8]), codebook, int(a[10]),
-                       a[11], a[12], int(a[13]), ptr(14), ptr(15), a[16]);
+                       a[11], a[12], int(a[13]), ptr(14), ptr(15), a[16], int(a[19]));
     case KBIT_CALL_MMA:
       return kbit_mma(int(a[0]), ptr(1), x, int(a[3]), a[4], a[5], packed, ptr(7), int(a[8]), codebook, int(a[10]),
                       a[11], a[12], int(a[13]), ptr(14), ptr(15), a[16], ptr(17), a[18], int(a[19]));

@@ -258,7 +258,14 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   const int64_t phase = warp * G + lane / RL, warp_phase = warp * G;
   const bool row_ok = n < N;
   auto tile_block = [&](int64_t kt) { return (kt * N + n) * kTileBlocks; };  // block 0 of (kt, n)
-  if (pdl > 0) pdl_wait();
+  // pdl 2 (the caller's KBIT_WEIGHTS_STABLE, kbit.h: no kernel still in flight wrote the
+  // weights or the codebook): the codebook and the first round of tiles are requested before
+  // the PDL wait, so that they stream while the previous kernel finishes (x, bias and out wait
+  // for it as before); mma does the same (NOTES.md v52, v60). H200, 3 rounds back-to-back (v61):
+  // KV, Q -0.03..-0.3 us per call, down (3 rounds of tiles) -0.5..-1.7; after a plain kernel
+  // within 0.1 us.
+  const bool early = pdl > 1;
+  if (pdl > 0 && !early) pdl_wait();
   const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));  // the shuffles' table
   // A round: U tiles per lane, tile u at kt = base + u * P + phase. A slot is skipped when no
   // lane of the warp has it (warp-uniform, as the shuffles need); a lane without a tile (past
@@ -279,6 +286,7 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
     }
   };
   load_round(0);
+  if (early) pdl_wait();
   // x -> fp32 in shared memory, 8 values per thread and step (token m at xs + m * KT * 64)
   const int64_t row_len = KT * 64;
   for (int64_t i = int64_t(threadIdx.x) * 8; i < M * row_len; i += int64_t(blockDim.x) * 8) {
@@ -375,7 +383,7 @@ inline RowsChoice& forced_rows() {
 template <typename T, int K_BITS, int M>
 bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int32_t* packed, const void* absmax,
                  int fmt, const float* cb, int64_t N, int64_t K, int64_t KT, float shift_up, bool vec_x,
-                 const T* bias, T* out, int64_t ldo, cudaError_t& err) {
+                 const T* bias, T* out, int64_t ldo, bool stable, cudaError_t& err) {
   RowsChoice c = forced_rows();
   if (c.rl < 0) return false;
   const DeviceInfo& dev = device_info(device);
@@ -405,7 +413,10 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       const cudaError_t e = smem_optin<kernel>(device, int(limit));
       if (e != cudaSuccess) return e;
     }
-    const int pdl = pdl_for<kernel>(device);
+    // 2: the codebook and the first tiles before the PDL wait (stable weights; the environment
+    // variable KBIT_GEMV_EARLY=0 turns it off, for A/Bs)
+    static const bool early_ok = env_int("KBIT_GEMV_EARLY", 1) != 0;
+    const int pdl = pdl_for<kernel>(device) > 0 ? (stable && early_ok ? 2 : 1) : 0;
     return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
                          ldo, pdl);
   };
@@ -422,7 +433,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
 template <typename T, int K_BITS, int M>
 cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const int32_t* packed,
                    const void* absmax, int fmt, const float* cb, int64_t N, int64_t K,
-                   int exponent, const void* bias, void* out, int64_t ldo) {
+                   int exponent, const void* bias, void* out, int64_t ldo, bool stable) {
   const int64_t KT = ceil_div(ceil_div(K, kBlock), kTileBlocks);
   // 16-byte loads of x where every row is 16-byte aligned (M = 1: one row, any stride)
   const bool vec_x = (M == 1 || ldx % 8 == 0) && reinterpret_cast<uintptr_t>(x) % 16 == 0;
@@ -448,7 +459,7 @@ cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const
   using Two = std::integral_constant<int, 2>;
   cudaError_t err = cudaSuccess;
   if (launch_rows<T, K_BITS, M>(device, s, xt, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bt,
-                                static_cast<T*>(out), ldo, err))
+                                static_cast<T*>(out), ldo, stable, err))
     return err;
   if constexpr (M == 1) {
     if (N >= 2048 && per_lane <= 2) return go(Two{}, Two{});
@@ -459,12 +470,12 @@ cudaError_t launch(int device, cudaStream_t s, const void* x, int64_t ldx, const
 template <typename T, int K_BITS>
 cudaError_t launch_m(int m, int device, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
                      const void* a, int fmt, const float* cb, int64_t N, int64_t K, int e,
-                     const void* bias, void* out, int64_t ldo) {
+                     const void* bias, void* out, int64_t ldo, bool stable) {
   switch (m) {
-    case 1: return launch<T, K_BITS, 1>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 2: return launch<T, K_BITS, 2>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 3: return launch<T, K_BITS, 3>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 4: return launch<T, K_BITS, 4>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 1: return launch<T, K_BITS, 1>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo, stable);
+    case 2: return launch<T, K_BITS, 2>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo, stable);
+    case 3: return launch<T, K_BITS, 3>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo, stable);
+    case 4: return launch<T, K_BITS, 4>(device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo, stable);
   }
   return cudaErrorInvalidValue;
 }
@@ -472,12 +483,12 @@ cudaError_t launch_m(int m, int device, cudaStream_t s, const void* x, int64_t l
 template <typename T>
 cudaError_t launch_k(int k, int m, int device, cudaStream_t s, const void* x, int64_t ldx, const int32_t* p,
                      const void* a, int fmt, const float* cb, int64_t N, int64_t K, int e,
-                     const void* bias, void* out, int64_t ldo) {
+                     const void* bias, void* out, int64_t ldo, bool stable) {
   switch (k) {
-    case 2: return launch_m<T, 2>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 3: return launch_m<T, 3>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 4: return launch_m<T, 4>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
-    case 5: return launch_m<T, 5>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo);
+    case 2: return launch_m<T, 2>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo, stable);
+    case 3: return launch_m<T, 3>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo, stable);
+    case 4: return launch_m<T, 4>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo, stable);
+    case 5: return launch_m<T, 5>(m, device, s, x, ldx, p, a, fmt, cb, N, K, e, bias, out, ldo, stable);
   }
   return cudaErrorInvalidValue;
 }
@@ -490,11 +501,11 @@ extern "C" void kbit_gemv_force_rows(int rows, int warps) { kbit::forced_rows() 
 extern "C" int kbit_gemv(int device, void* stream, const void* x, int dtype, int64_t M,
                          int64_t ldx, const int32_t* packed, const void* absmax,
                          int absmax_format, const float* codebook, int k, int64_t N, int64_t K,
-                         int absmax_exponent, const void* bias, void* out, int64_t ldo) {
+                         int absmax_exponent, const void* bias, void* out, int64_t ldo, int flags) {
   using namespace kbit;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return small_m_entry(device, dtype, M, N, 4, [&](auto t) {
     return launch_k<decltype(t)>(k, int(M), device, s, x, ldx, packed, absmax, absmax_format, codebook, N, K,
-                                 absmax_exponent, bias, out, ldo);
+                                 absmax_exponent, bias, out, ldo, (flags & KBIT_WEIGHTS_STABLE) != 0);
   });
 }

@@ -46,11 +46,12 @@ KBIT_API int kbit_repack(int device, void* stream, const int32_t* packed_in, con
 
 // C[M, N] = x[M, K] @ W^T (+ bias[N]) for 1 <= M <= 4; W in the tiled64 layout; x rows ldx
 // elements apart (unit column stride), out rows ldo apart; dtype fp16 or bf16 for x, bias
-// (may be NULL) and out.
+// (may be NULL) and out. flags: as kbit_mma's (KBIT_WEIGHTS_STABLE, below: the codebook and
+// the first weights are requested before the PDL wait).
 KBIT_API int kbit_gemv(int device, void* stream, const void* x, int dtype, int64_t M, int64_t ldx,
                        const int32_t* packed, const void* absmax, int absmax_format,
                        const float* codebook, int k, int64_t N, int64_t K, int absmax_exponent,
-                       const void* bias, void* out, int64_t ldo);
+                       const void* bias, void* out, int64_t ldo, int flags);
 
 // Same contract as kbit_gemv for 1 <= M <= 64, on tensor cores (mma.sync, sm_80+). x is
 // staged in shared memory, whole (M * (128 * ceil(K / 128) + 16) * 2 bytes at most
@@ -105,7 +106,7 @@ KBIT_API int kbit_wgmma(int device, void* stream, const void* x, int dtype, int6
                         int flags);
 // One call of kbit_gemv, kbit_mma or kbit_wgmma (kernel: KBIT_CALL_*) with its arguments in one
 // block of KBIT_CALL_ARGS int64 values, in kbit_mma's order (pointers as integers, 0 for NULL;
-// kbit_gemv ignores the last three). For callers where converting 20 arguments per call costs
+// kbit_gemv ignores the workspace, args[17] and args[18]). For callers where converting 20 arguments per call costs
 // more than the call (Python ctypes: ~2-4 us of an eager call's host time, NOTES.md v59).
 enum { KBIT_CALL_GEMV = 0, KBIT_CALL_MMA = 1, KBIT_CALL_WGMMA = 2 };
 #define KBIT_CALL_ARGS 20

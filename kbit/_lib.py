@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 F32, F16, BF16 = 0, 1, 2
 DTYPE_CODES = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 ABSMAX_CODES = {"e4m4": 0, "fp16": 1, "fp32": 2}
@@ -44,7 +44,7 @@ _SIGNATURES = {
     ),
     "kbit_gemv": (
         [_c_int, _c_p, _c_p, _c_int, _c_i64, _c_i64, _c_p, _c_p, _c_int, _c_p, _c_int, _c_i64,
-         _c_i64, _c_int, _c_p, _c_p, _c_i64],
+         _c_i64, _c_int, _c_p, _c_p, _c_i64, _c_int],
         _c_int,
     ),
     "kbit_mma": (

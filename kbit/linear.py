@@ -152,13 +152,11 @@ def _fast_small(kernel, x2, qweight, bias, out, out2, m, n, kdim):
     blk[5] = strides[0]
     blk[14] = bias.data_ptr() if bias is not None else 0
     blk[15] = y.data_ptr()
-    if run == "gemv":
-        rc = lib.kbit_small_m_call(_lib.CALL_CODES["gemv"], blk)
-    else:
+    if run != "gemv":
         ws = ops._workspace(lib, run, x2, index, stream, need)
         blk[17], blk[18] = (ws.data_ptr(), ws.numel()) if ws is not None else (0, 0)
-        rc = ops._call_stable(_block_call, (lib, _lib.CALL_CODES[run], blk), qweight.packed, qweight.absmax,
-                              qweight.codebook, wargs[7])
+    rc = ops._call_stable(_block_call, (lib, _lib.CALL_CODES[run], blk), qweight.packed, qweight.absmax,
+                          qweight.codebook, wargs[7])
     if rc:
         _lib.check(rc, run)
     return y

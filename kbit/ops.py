@@ -658,17 +658,17 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
     args = (dev, stream, x.data_ptr(), _lib.DTYPE_CODES[x.dtype], x.shape[0], x.stride(0),
             packed.data_ptr(), absmax.data_ptr(), fmt, codebook.data_ptr(), k, n, kdim, absmax_exponent,
             bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0), *extra)
-    rc = (_call_stable(getattr(lib, cfn), args, packed, absmax, codebook) if cfn in ("kbit_mma", "kbit_wgmma")
-          else getattr(lib, cfn)(*args))
+    rc = _call_stable(getattr(lib, cfn), args, packed, absmax, codebook)
     _lib.check(rc, cfn[5:])
     return None
 
 
-# Weights asked for before the PDL wait (kbit_mma's and kbit_wgmma's KBIT_WEIGHTS_STABLE, kbit.h;
-# mma, H100, NOTES.md v52: M = 1 k = 4 dense TOTAL -1.3..-1.8 us back-to-back, -0.2..-0.5 after a
-# plain kernel; wgmma: NOTES.md v58): only where they cannot have been written by the kernel that
-# runs just before the call. id(packed) -> (weak references to the packed, absmax and codebook
-# tensors of kbit's last mma or wgmma launch on them, their version counters then).
+# Weights asked for before the PDL wait (kbit_gemv's, kbit_mma's and kbit_wgmma's
+# KBIT_WEIGHTS_STABLE, kbit.h; mma, H100, NOTES.md v52: M = 1 k = 4 dense TOTAL -1.3..-1.8 us
+# back-to-back, -0.2..-0.5 after a plain kernel; wgmma: NOTES.md v58; gemv: v61): only where they
+# cannot have been written by the kernel that runs just before the call. id(packed) -> (weak
+# references to the packed, absmax and codebook tensors of kbit's last gemv, mma or wgmma launch
+# on them, their version counters then).
 # KBIT_EARLY_WEIGHTS=0 turns it off.
 _mma_seen: dict = {}
 EARLY_WEIGHTS = os.environ.get("KBIT_EARLY_WEIGHTS", "1").strip() != "0"
@@ -676,9 +676,10 @@ _WEIGHTS_STABLE = 1  # kbit.h KBIT_WEIGHTS_STABLE
 
 
 def _stable_flag(packed: Tensor, absmax: Tensor, codebook: Tensor, inference: bool | None = None):
-    """(kbit_mma's / kbit_wgmma's flags, the version counters read) for a launch on these weight
-    tensors: KBIT_WEIGHTS_STABLE where kbit launched mma or wgmma on these same three tensors before and no
-    torch operation has written any of them since (their version counters are unchanged), so
+    """(kbit_gemv's / kbit_mma's / kbit_wgmma's flags, the version counters read) for a launch on
+    these weight tensors: KBIT_WEIGHTS_STABLE where kbit launched gemv, mma or wgmma on these same
+    three tensors before and no torch operation has written any of them since (their version
+    counters are unchanged), so
     that no kernel still in flight can have written them; else 0, and the first call after
     such a write waits for the previous kernel before it reads them. Inference tensors
     (torch.inference_mode) have no version counter: always 0. Writes that bypass torch (a raw
@@ -716,7 +717,7 @@ def _launched(packed: Tensor, absmax: Tensor, codebook: Tensor, versions) -> Non
 
 
 def _call_stable(fn, args, packed: Tensor, absmax: Tensor, codebook: Tensor, inference: bool | None = None) -> int:
-    """fn(*args, flags) (lib.kbit_mma or lib.kbit_wgmma) with _stable_flag's flags for these
+    """fn(*args, flags) (lib.kbit_gemv, lib.kbit_mma or lib.kbit_wgmma) with _stable_flag's flags for these
     weights; their versions are recorded once the call launched (a stable call's record already
     holds them). The return code is the caller's to check. `inference`: see _stable_flag."""
     flags, versions = _stable_flag(packed, absmax, codebook, inference)

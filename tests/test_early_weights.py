@@ -1,6 +1,6 @@
-"""mma's first weights and wgmma's codebook requested before their PDL wait (KBIT_WEIGHTS_STABLE,
-csrc/kbit.h; kbit/ops.py _stable_flag): only where the kernel running just before the call cannot
-have written them. The flag is given when kbit launched mma or wgmma on the same three weight
+"""mma's and gemv's first weights and wgmma's codebook requested before their PDL wait
+(KBIT_WEIGHTS_STABLE, csrc/kbit.h; kbit/ops.py _stable_flag): only where the kernel running just
+before the call cannot have written them. The flag is given when kbit launched gemv, mma or wgmma on the same three weight
 tensors before and none of their version counters moved since; any torch write (in place,
 through a view, or by one of kbit's `_out` ops) makes the next call wait. The CPU tests check
 that bookkeeping; the GPU test makes the previous kernel write the weights of a kbit.linear
@@ -126,6 +126,46 @@ def test_linear_weights_written_by_previous_kernel(m, k, rng):
             kbit.linear(x, buf, out=y)
             err = ((y.cpu().double() - wants[i].double()).norm() / wants[i].double().norm()).item()
             assert err <= 2e-3, (i, err)
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("n", [512, 2049])
+def test_gemv_weights_written_by_previous_kernel(m, k, n, rng):
+    """ops.gemv (its coalesced rows kernel, which reads the codebook and its first tiles before
+    the PDL wait on stable weights) right after copy_ kernels wrote its codebook, absmax and
+    packed words in place (the flag withheld: the call must wait), then unchanged calls (the
+    early path); every call checked against the reference. Then the codebook alone written
+    just before the call. n = 2049: a CTA whose last rows lie past N."""
+    kdim = 2048
+    qs = [kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
+          for _ in range(2)]
+    qs[1].codebook.copy_(qs[1].codebook * 0.75)  # another codebook: a stale one is visible
+    buf = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
+    x = torch.randn(m, kdim, generator=rng).to(torch.float16).cuda()
+    wants = [ref.linear(x.cpu(), ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape,
+                                                 q.layout, q.absmax_exponent, torch.float32), None) for q in qs]
+
+    def call(want):
+        y = ops.gemv(x, buf.packed, buf.absmax, buf.codebook, n, kdim, buf.absmax_exponent)
+        return ((y.cpu().double() - want.double()).norm() / want.double().norm()).item()
+
+    call(wants[0])  # buf has been launched on: its next unchanged call is early
+    for i in (0, 1, 0, 1):
+        buf.codebook.copy_(qs[i].codebook)
+        buf.absmax.copy_(qs[i].absmax)
+        buf.packed.copy_(qs[i].packed)  # the kernel right before the call
+        assert ops._stable_flag(buf.packed, buf.absmax, buf.codebook)[0] == 0
+        assert call(wants[i]) <= 2e-3, i
+        assert ops._stable_flag(buf.packed, buf.absmax, buf.codebook)[0] == ops._WEIGHTS_STABLE * ops.EARLY_WEIGHTS
+        for _ in range(2):  # unchanged weights: early loads
+            assert call(wants[i]) <= 2e-3, i
+    # the codebook alone written just before the call
+    buf.codebook.copy_(qs[0].codebook)
+    assert call(wants[1]) > 0.05  # qs[1]'s words with qs[0]'s codebook: a different product
+    buf.codebook.copy_(qs[1].codebook)
+    assert call(wants[1]) <= 2e-3
 
 
 @gpu
