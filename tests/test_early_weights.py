@@ -128,16 +128,11 @@ def test_linear_weights_written_by_previous_kernel(m, k, rng):
             assert err <= 2e-3, (i, err)
 
 
-@gpu
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("k", [2, 3, 4, 5])
-@pytest.mark.parametrize("n", [512, 2049])
-def test_gemv_weights_written_by_previous_kernel(m, k, n, rng):
-    """ops.gemv (its coalesced rows kernel, which reads the codebook and its first tiles before
-    the PDL wait on stable weights) right after copy_ kernels wrote its codebook, absmax and
+def _written_weights_check(op, m, n, k, rng):
+    """`op` (ops.gemv or ops.wgmma) right after copy_ kernels wrote its codebook, absmax and
     packed words in place (the flag withheld: the call must wait), then unchanged calls (the
     early path); every call checked against the reference. Then the codebook alone written
-    just before the call. n = 2049: a CTA whose last rows lie past N."""
+    just before the call must change the product."""
     kdim = 2048
     qs = [kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
           for _ in range(2)]
@@ -148,7 +143,7 @@ def test_gemv_weights_written_by_previous_kernel(m, k, n, rng):
                                                  q.layout, q.absmax_exponent, torch.float32), None) for q in qs]
 
     def call(want):
-        y = ops.gemv(x, buf.packed, buf.absmax, buf.codebook, n, kdim, buf.absmax_exponent)
+        y = op(x, buf.packed, buf.absmax, buf.codebook, n, kdim, buf.absmax_exponent)
         return ((y.cpu().double() - want.double()).norm() / want.double().norm()).item()
 
     call(wants[0])  # buf has been launched on: its next unchanged call is early
@@ -161,7 +156,6 @@ def test_gemv_weights_written_by_previous_kernel(m, k, n, rng):
         assert ops._stable_flag(buf.packed, buf.absmax, buf.codebook)[0] == ops._WEIGHTS_STABLE * ops.EARLY_WEIGHTS
         for _ in range(2):  # unchanged weights: early loads
             assert call(wants[i]) <= 2e-3, i
-    # the codebook alone written just before the call
     buf.codebook.copy_(qs[0].codebook)
     assert call(wants[1]) > 0.05  # qs[1]'s words with qs[0]'s codebook: a different product
     buf.codebook.copy_(qs[1].codebook)
@@ -169,40 +163,20 @@ def test_gemv_weights_written_by_previous_kernel(m, k, n, rng):
 
 
 @gpu
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+@pytest.mark.parametrize("n", [512, 2049])
+def test_gemv_weights_written_by_previous_kernel(m, k, n, rng):
+    """ops.gemv: its coalesced rows kernel reads the codebook and its first tiles before the
+    PDL wait on stable weights. n = 2049: a CTA whose last rows lie past N."""
+    _written_weights_check(ops.gemv, m, n, k, rng)
+
+
+@gpu
 @pytest.mark.parametrize("m", [1, 64, 256])
 @pytest.mark.parametrize("k", [2, 4, 5])
 def test_wgmma_weights_written_by_previous_kernel(m, k, rng):
-    """ops.wgmma right after copy_ kernels wrote its codebook, absmax and packed words in place
-    (the flag withheld: the call must wait), then unchanged calls (the early path: the codebook
-    read before the PDL wait); every call checked against the reference. Then the codebook
-    alone written just before the call."""
+    """ops.wgmma: its codebook read before the PDL wait on stable weights."""
     if not ops.wgmma_supports(m, 2048, 2048, k, "cuda"):
         pytest.skip("wgmma needs a compute capability 9.0 device")
-    n, kdim = 2048, 2048
-    qs = [kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
-          for _ in range(2)]
-    qs[1].codebook.copy_(qs[1].codebook * 0.75)  # another codebook: a stale one is visible
-    buf = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device="cuda", spread=0.5), k=k))
-    x = torch.randn(m, kdim, generator=rng).to(torch.float16).cuda()
-    wants = [ref.linear(x.cpu(), ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape,
-                                                 q.layout, q.absmax_exponent, torch.float32), None) for q in qs]
-
-    def call(want):
-        y = ops.wgmma(x, buf.packed, buf.absmax, buf.codebook, n, kdim, buf.absmax_exponent)
-        return ((y.cpu().double() - want.double()).norm() / want.double().norm()).item()
-
-    call(wants[0])  # buf has been launched on: its next unchanged call is early
-    for i in (0, 1, 0, 1):
-        buf.codebook.copy_(qs[i].codebook)
-        buf.absmax.copy_(qs[i].absmax)
-        buf.packed.copy_(qs[i].packed)  # the kernel right before the call
-        assert ops._stable_flag(buf.packed, buf.absmax, buf.codebook)[0] == 0
-        assert call(wants[i]) <= 2e-3, i
-        assert ops._stable_flag(buf.packed, buf.absmax, buf.codebook)[0] == ops._WEIGHTS_STABLE * ops.EARLY_WEIGHTS
-        for _ in range(2):  # unchanged weights: early loads
-            assert call(wants[i]) <= 2e-3, i
-    # the codebook alone written just before the call
-    buf.codebook.copy_(qs[0].codebook)
-    assert call(wants[1]) > 0.05  # qs[1]'s words with qs[0]'s codebook: a different product
-    buf.codebook.copy_(qs[1].codebook)
-    assert call(wants[1]) <= 2e-3
+    _written_weights_check(ops.wgmma, m, 2048, k, rng)
