@@ -679,14 +679,13 @@ def _stable_flag(packed: Tensor, absmax: Tensor, codebook: Tensor, inference: bo
     """(kbit_gemv's / kbit_mma's / kbit_wgmma's flags, the version counters read) for a launch on
     these weight tensors: KBIT_WEIGHTS_STABLE where kbit launched gemv, mma or wgmma on these same
     three tensors before and no torch operation has written any of them since (their version
-    counters are unchanged), so
-    that no kernel still in flight can have written them; else 0, and the first call after
-    such a write waits for the previous kernel before it reads them. Inference tensors
-    (torch.inference_mode) have no version counter: always 0. Writes that bypass torch (a raw
-    pointer handed to a foreign kernel) are not seen: after one, synchronize before the next
-    kbit call, or set KBIT_EARLY_WEIGHTS=0. `inference`: whether any of the three is an
-    inference tensor, where the caller has it cached (it never changes for a tensor); None:
-    asked here."""
+    counters are unchanged), so that no kernel still in flight can have written them; else 0,
+    and the first call after such a write waits for the previous kernel before it reads them.
+    Inference tensors (torch.inference_mode) have no version counter: always 0. Writes that
+    bypass torch (a raw pointer handed to a foreign kernel) are not seen: after one,
+    synchronize before the next kbit call, or set KBIT_EARLY_WEIGHTS=0. `inference`: whether
+    any of the three is an inference tensor, where the caller has it cached (it never changes
+    for a tensor); None: asked here."""
     if inference is None:
         inference = packed.is_inference() or absmax.is_inference() or codebook.is_inference()
     if not EARLY_WEIGHTS or inference:
@@ -717,9 +716,10 @@ def _launched(packed: Tensor, absmax: Tensor, codebook: Tensor, versions) -> Non
 
 
 def _call_stable(fn, args, packed: Tensor, absmax: Tensor, codebook: Tensor, inference: bool | None = None) -> int:
-    """fn(*args, flags) (lib.kbit_gemv, lib.kbit_mma or lib.kbit_wgmma) with _stable_flag's flags for these
-    weights; their versions are recorded once the call launched (a stable call's record already
-    holds them). The return code is the caller's to check. `inference`: see _stable_flag."""
+    """fn(*args, flags) (lib.kbit_gemv, lib.kbit_mma or lib.kbit_wgmma) with _stable_flag's flags
+    for these weights; their versions are recorded once the call launched (a stable call's record
+    already holds them). The return code is the caller's to check. `inference`: see
+    _stable_flag."""
     flags, versions = _stable_flag(packed, absmax, codebook, inference)
     rc = fn(*args, flags)
     if not rc and not flags and versions is not None:
