@@ -106,7 +106,7 @@ KBIT_API int kbit_wgmma(int device, void* stream, const void* x, int dtype, int6
                         int flags);
 // One call of kbit_gemv, kbit_mma or kbit_wgmma (kernel: KBIT_CALL_*) with its arguments in one
 // block of KBIT_CALL_ARGS int64 values, in kbit_mma's order (pointers as integers, 0 for NULL;
-// kbit_gemv ignores the workspace, args[17] and args[18]). For callers where converting 20
+// kbit_gemv ignores args[17] and args[18], the workspace). For callers where converting 20
 // arguments per call costs more than the call (Python ctypes: ~2-4 us of an eager call's host
 // time, NOTES.md v59).
 enum { KBIT_CALL_GEMV = 0, KBIT_CALL_MMA = 1, KBIT_CALL_WGMMA = 2 };
