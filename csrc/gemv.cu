@@ -264,6 +264,12 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   // for it as before); mma does the same (NOTES.md v52, v60). H200, 3 rounds back-to-back (v61):
   // KV, Q -0.03..-0.3 us per call, down (3 rounds of tiles) -0.5..-1.7; after a plain kernel
   // within 0.1 us.
+  // The next kernel may start (pdl_trigger) right after this call's wait on stable weights
+  // (pdl 2), so that its own early loads overlap this call's main loop, one grid ahead at most:
+  // its wait ends with this call (session 52, NOTES.md v62: H200 back-to-back M = 1 KV -0.45
+  // us, Q / O / gateup -0.5..-0.7; after a plain kernel within 0.1 us). Triggering at the very
+  // start let grids pile up on the SMs (3 at k = 2) and cost up to +3.4 us. pdl 3
+  // (KBIT_GEMV_EARLY_TRIGGER=0, for A/Bs) triggers after the main loop as pdl 1 does.
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
   const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));  // the shuffles' table
@@ -287,6 +293,7 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   };
   load_round(0);
   if (early) pdl_wait();
+  if (pdl == 2) pdl_trigger();
   // x -> fp32 in shared memory, 8 values per thread and step (token m at xs + m * KT * 64)
   const int64_t row_len = KT * 64;
   for (int64_t i = int64_t(threadIdx.x) * 8; i < M * row_len; i += int64_t(blockDim.x) * 8) {
@@ -333,7 +340,7 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
       }
     }
   }
-  if (pdl > 0) pdl_trigger();
+  if (pdl == 1 || pdl == 3) pdl_trigger();
 #pragma unroll
   for (int m = 0; m < M; m++) {
 #pragma unroll
@@ -413,10 +420,12 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       const cudaError_t e = smem_optin<kernel>(device, int(limit));
       if (e != cudaSuccess) return e;
     }
-    // 2: the codebook and the first tiles before the PDL wait (stable weights; the environment
-    // variable KBIT_GEMV_EARLY=0 turns it off, for A/Bs)
+    // 2: the codebook and the first tiles before the PDL wait, the trigger right after it
+    // (stable weights); 3: the same loads, the trigger after the main loop. The environment
+    // variables KBIT_GEMV_EARLY=0 (pdl 1) and KBIT_GEMV_EARLY_TRIGGER=0 (pdl 3) are for A/Bs.
     static const bool early_ok = env_int("KBIT_GEMV_EARLY", 1) != 0;
-    const int pdl = pdl_for<kernel>(device) > 0 ? (stable && early_ok ? 2 : 1) : 0;
+    static const bool early_trigger = env_int("KBIT_GEMV_EARLY_TRIGGER", 1) != 0;
+    const int pdl = pdl_for<kernel>(device) > 0 ? (stable && early_ok ? (early_trigger ? 2 : 3) : 1) : 0;
     return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
                          ldo, pdl);
   };

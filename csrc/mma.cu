@@ -1304,15 +1304,11 @@ Plan plan_of(int M, int64_t N, int64_t K, const DeviceInfo& dev, bool can_split)
 // environment variable (read once); 0 for NT >= 2 where the environment's KBIT_MMA_EARLY_NT2 is
 // 0 (kernels without the early path compiled in ignore the mode)
 inline int early_cb_mode(int nt) {
-  auto env = [](const char* name, int fallback) {
-    const char* e = std::getenv(name);
-    return e != nullptr && *e != '\0' ? std::atoi(e) : fallback;
-  };
-  static const int mode = [&] {
-    const int v = env("KBIT_MMA_EARLY_CB", KBIT_MMA_EARLY_CB);
+  static const int mode = [] {
+    const int v = env_int("KBIT_MMA_EARLY_CB", KBIT_MMA_EARLY_CB);
     return v < 0 ? 0 : v > 2 ? 2 : v;
   }();
-  static const bool nt2 = env("KBIT_MMA_EARLY_NT2", 1) != 0;
+  static const bool nt2 = env_int("KBIT_MMA_EARLY_NT2", 1) != 0;
   return nt == 1 || nt2 ? mode : 0;
 }
 
