@@ -670,7 +670,7 @@ def _small_m_cuda_into(cfn, x, packed, absmax, codebook, n, kdim, absmax_exponen
 # references to the packed, absmax and codebook tensors of kbit's last gemv, mma or wgmma launch
 # on them, their version counters then).
 # KBIT_EARLY_WEIGHTS=0 turns it off.
-_mma_seen: dict = {}
+_launch_seen: dict = {}
 EARLY_WEIGHTS = os.environ.get("KBIT_EARLY_WEIGHTS", "1").strip() != "0"
 _WEIGHTS_STABLE = 1  # kbit.h KBIT_WEIGHTS_STABLE
 
@@ -696,8 +696,8 @@ def _stable_flag(packed: Tensor, absmax: Tensor, codebook: Tensor, inference: bo
 
 
 def _seen_for(packed: Tensor, absmax: Tensor, codebook: Tensor):
-    """The _mma_seen record of exactly these three tensors, or None."""
-    seen = _mma_seen.get(id(packed))
+    """The _launch_seen record of exactly these three tensors, or None."""
+    seen = _launch_seen.get(id(packed))
     if seen is not None and seen[0]() is packed and seen[1]() is absmax and seen[2]() is codebook:
         return seen
     return None
@@ -709,9 +709,9 @@ def _launched(packed: Tensor, absmax: Tensor, codebook: Tensor, versions) -> Non
     key = id(packed)
     seen = _seen_for(packed, absmax, codebook)
     if seen is not None:
-        _mma_seen[key] = (*seen[:3], versions)
+        _launch_seen[key] = (*seen[:3], versions)
     else:
-        _mma_seen[key] = (weakref.ref(packed, lambda _: _mma_seen.pop(key, None)), weakref.ref(absmax),
+        _launch_seen[key] = (weakref.ref(packed, lambda _: _launch_seen.pop(key, None)), weakref.ref(absmax),
                           weakref.ref(codebook), versions)
 
 

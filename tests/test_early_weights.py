@@ -20,9 +20,9 @@ from conftest import gpu, random_weight
 @pytest.fixture
 def seen(monkeypatch):
     """Fresh bookkeeping, early weights on."""
-    monkeypatch.setattr(ops, "_mma_seen", {})
+    monkeypatch.setattr(ops, "_launch_seen", {})
     monkeypatch.setattr(ops, "EARLY_WEIGHTS", True)
-    return ops._mma_seen
+    return ops._launch_seen
 
 
 def _weights():
