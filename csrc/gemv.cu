@@ -394,12 +394,23 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   RowsChoice c = forced_rows();
   if (c.rl < 0) return false;
   const DeviceInfo& dev = device_info(device);
-  if (c.rl == 0) {  // automatic, from the sweep (NOTES.md v29): 8 x 8 where 16-row CTAs would
-    // be under 2 per SM (KV, down, O), then 16 x 8, then 16 x 4 (gateup); benched as a rule in
-    // v31 (docs/bench_h100_v31.txt, Scalar column at M = 1). M = 2..4: the same rule (v53).
+  if (c.rl == 0) {
     const int64_t sms = dev.sms;
-    if (ceil_div(N, 8) < 2 * sms) c = {8, 8};
-    else c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
+    if (M == 1 && ceil_div(N, 32) <= sms) {
+      // M = 1 (session 53, NOTES.md v63): the fewest rows per CTA that keep the grid within one
+      // CTA per SM, on 8 warps: 8 (KV), 16 (O, down), 32 (Q). The next call's grid then sits
+      // beside this one (its trigger comes right after the PDL wait) one CTA per SM. H200,
+      // back-to-back, k = 2..5 (rule of v31 -> this): O 4.41-5.25 -> 4.17-4.98 us, down k = 3, 4
+      // -0.26, Q k = 4 3.98 -> 3.70 (k = 5 +0.06); KV unchanged.
+      c = {ceil_div(N, 8) <= sms ? 8 : ceil_div(N, 16) <= sms ? 16 : 32, 8};
+    } else if (ceil_div(N, 8) < 2 * sms) {
+      // from the sweep (NOTES.md v29): 8 x 8 where 16-row CTAs would be under 2 per SM (KV,
+      // down, O), then 16 x 8, then 16 x 4 (gateup); benched as a rule in v31
+      // (docs/bench_h100_v31.txt, Scalar column at M = 1). M = 2..4: the same rule (v53).
+      c = {8, 8};
+    } else {
+      c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
+    }
   }
   if (c.warps < 1 || c.warps > 8 || (c.rl != 8 && c.rl != 16 && c.rl != 32)) return false;
   if (M > 1 && c.rl == 32) return false;  // not instantiated (tests force it at M = 1 only)
@@ -407,14 +418,21 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   // M = 1: the default 48 KB (as measured in v29-v31); M > 1: up to half an SM's shared memory
   const int64_t limit = M == 1 ? 48 * 1024 : std::min<int64_t>(dev.smem_optin, (dev.smem_per_sm - 2 * dev.smem_reserved) / 2);
   if (smem > limit) return false;
-  auto go = [&](auto rl_tag) {
-    constexpr int RL = decltype(rl_tag)::value;
+  // M = 1, 16 rows per CTA, k >= 3: 5 tiles per lane in one round where the k-tiles need exactly
+  // 5 per phase (down: K = 5120, 80 k-tiles over 8 warps' 16 phases), instead of a second round
+  // after the PDL wait (session 53, NOTES.md v63; H200 back-to-back, down: k = 3 6.5 -> 5.2 us,
+  // k = 4 5.9 -> 5.0, k = 5 6.4 -> 5.5; k = 2 +0.15, so not there). KBIT_GEMV_U5=0 keeps rounds
+  // of 4 (A/Bs).
+  static const bool u5_ok = env_int("KBIT_GEMV_U5", 1) != 0;
+  const bool u5 = M == 1 && K_BITS >= 3 && c.rl == 16 && u5_ok && ceil_div(KT, int64_t(c.warps) * 2) == 5;
+  auto go = [&](auto rl_tag, auto u_tag) {
+    constexpr int RL = decltype(rl_tag)::value, U = decltype(u_tag)::value;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(ceil_div(N, int64_t(RL))));
     cfg.blockDim = dim3(c.warps * 32);
     cfg.dynamicSmemBytes = size_t(smem);
     cfg.stream = s;
-    constexpr auto kernel = gemv_rows_kernel<T, K_BITS, M, RL, 4>;
+    constexpr auto kernel = gemv_rows_kernel<T, K_BITS, M, RL, U>;
     if (smem > 48 * 1024) {
       // x of M tokens as fp32 passes the default 48 KB at M * K > 12288 (M > 1 only: see limit)
       const cudaError_t e = smem_optin<kernel>(device, int(limit));
@@ -429,12 +447,19 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
     return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
                          ldo, pdl);
   };
-  if (c.rl == 8) err = go(std::integral_constant<int, 8>{});
+  using U4 = std::integral_constant<int, 4>;
+  if (c.rl == 8) err = go(std::integral_constant<int, 8>{}, U4{});
   else if constexpr (M == 1) {
-    if (c.rl == 16) err = go(std::integral_constant<int, 16>{});
-    else err = go(std::integral_constant<int, 32>{});
+    if constexpr (K_BITS >= 3) {
+      if (c.rl == 16 && u5) {
+        err = go(std::integral_constant<int, 16>{}, std::integral_constant<int, 5>{});
+        return true;
+      }
+    }
+    if (c.rl == 16) err = go(std::integral_constant<int, 16>{}, U4{});
+    else err = go(std::integral_constant<int, 32>{}, U4{});
   } else {
-    err = go(std::integral_constant<int, 16>{});
+    err = go(std::integral_constant<int, 16>{}, U4{});
   }
   return true;
 }

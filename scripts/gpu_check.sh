@@ -14,7 +14,7 @@ summary+=("library: $kbit_build")
 cd /tmp  # import the installed package, not the source tree
 python3 -m kbit.cli info | tee "$OUT/info.log"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -x -p no:cacheprovider "$OLDPWD/tests" > "$OUT/tests.log" 2>&1
+  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -x -p no:cacheprovider "$OLDPWD/tests" > "$OUT/tests.log" 2>&1
   summary+=("tests: $(tail -1 "$OUT/tests.log")")
   # the suite ran with PDL on (KBIT_PDL default 1); the PDL chains again with it off
   KBIT_PDL=0 timeout 90 python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_pdl.py" > "$OUT/test_pdl_0.log" 2>&1

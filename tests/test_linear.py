@@ -78,12 +78,13 @@ def test_gemv_small_m(device, k, dtype, rng):
 def test_gemv_rows_configs(device, rows, warps, rng):
     """The GEMV's coalesced variant (gemv_rows_kernel) forced to several CTA shapes at M = 1..4
     (32 rows: M = 1 only; M > 1 then takes the lane-per-k-tile kernel): N not a multiple of the
-    rows per CTA, K past the last full tile, K near M = 1's 48 KB x limit (12000; M = 3, 4 of it
+    rows per CTA, K past the last full tile, K of 71 k-tiles (4500: one round of 5 tiles per lane
+    at 16 rows on 8 warps), K near M = 1's 48 KB x limit (12000; M = 3, 4 of it
     pass the 2-CTAs-per-SM limit and fall back), x at an odd element offset (no 16-byte loads),
     x rows with a padded stride, a bias."""
     try:
         ops.force_gemv_rows(rows, warps)
-        for n, kdim in ((1040, 96), (2049, 4021), (1024, 12000)):
+        for n, kdim in ((1040, 96), (2049, 4021), (1040, 4500), (1024, 12000)):
             for k in (2, 3, 4, 5):
                 q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
                 w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
