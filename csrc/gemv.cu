@@ -412,9 +412,10 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       // Why k = 2 (4 per SM) prefers 16 x 4 is not understood.
       c = K_BITS == 2 ? RowsChoice{16, 4} : K_BITS == 3 ? RowsChoice{16, 8} : RowsChoice{32, 8};
     } else if (ceil_div(N, 8) < 2 * sms) {
-      // from the sweep (NOTES.md v29): 8 x 8 where 16-row CTAs would be under 2 per SM (KV,
-      // down, O), then 16 x 8, then 16 x 4 (gateup); benched as a rule in v31
-      // (docs/bench_h100_v31.txt, Scalar column at M = 1). M = 2..4: the same rule (v53).
+      // M = 2..4 (and M = 1 past 64 rows per SM: 16 x 4 below), from the H100 sweep of
+      // NOTES.md v29, before the trigger after the wait: 8 x 8 where 16-row CTAs would be under
+      // 2 per SM (KV, down, O), then 16 x 8, then 16 x 4 (gateup); benched as a rule in v31
+      // (docs/bench_h100_v31.txt, M = 1) and taken for M = 2..4 in v53.
       c = {8, 8};
     } else {
       c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
