@@ -403,14 +403,6 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       // back-to-back, k = 2..5 (rule of v31 -> this): O 4.41-5.25 -> 4.17-4.98 us, down k = 3, 4
       // -0.26, Q k = 4 3.98 -> 3.70 (k = 5 +0.06); KV unchanged.
       c = {ceil_div(N, 8) <= sms ? 8 : ceil_div(N, 16) <= sms ? 16 : 32, 8};
-    } else if (M == 1 && ceil_div(N, 32) <= 2 * sms) {
-      // M = 1, 32 rows per CTA would be 1-2 per SM (gateup): measured per k (session 53, H200
-      // back-to-back, N = 5120; 16 x 4 / 16 x 8 / 32 x 8 us): k = 2 4.83 / 5.34 / 4.88, k = 3
-      // 5.20 / 4.43 / 5.32, k = 4 5.30 / 5.67 / 4.90, k = 5 5.78 / 6.28 / 5.48. 16 x 8 wins
-      // where its 2.4 CTAs per SM fit in one wave with room for part of the next grid (k = 3:
-      // 80 registers, 3 per SM); at k = 4, 5 (104-128 registers, 2 per SM) it takes two waves.
-      // Why k = 2 (4 per SM) prefers 16 x 4 is not understood.
-      c = K_BITS == 2 ? RowsChoice{16, 4} : K_BITS == 3 ? RowsChoice{16, 8} : RowsChoice{32, 8};
     } else if (ceil_div(N, 8) < 2 * sms) {
       // M = 2..4 (and M = 1 past 64 rows per SM: 16 x 4 below), from the H100 sweep of
       // NOTES.md v29, before the trigger after the wait: 8 x 8 where 16-row CTAs would be under
