@@ -404,7 +404,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       // -0.26, Q k = 4 3.98 -> 3.70 (k = 5 +0.06); KV unchanged.
       c = {ceil_div(N, 8) <= sms ? 8 : ceil_div(N, 16) <= sms ? 16 : 32, 8};
     } else if (ceil_div(N, 8) < 2 * sms) {
-      // M = 2..4 (and M = 1 past 64 rows per SM: 16 x 4 below), from the H100 sweep of
+      // M = 2..4 (and M = 1 past 32 rows per SM: 16 x 4 below), from the H100 sweep of
       // NOTES.md v29, before the trigger after the wait: 8 x 8 where 16-row CTAs would be under
       // 2 per SM (KV, down, O), then 16 x 8, then 16 x 4 (gateup); benched as a rule in v31
       // (docs/bench_h100_v31.txt, M = 1) and taken for M = 2..4 in v53.
