@@ -403,8 +403,16 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       // back-to-back, k = 2..5 (rule of v31 -> this): O 4.41-5.25 -> 4.17-4.98 us, down k = 3, 4
       // -0.26, Q k = 4 3.98 -> 3.70 (k = 5 +0.06); KV unchanged.
       c = {ceil_div(N, 8) <= sms ? 8 : ceil_div(N, 16) <= sms ? 16 : 32, 8};
+    } else if (M == 1 && ceil_div(N, 32) <= 2 * sms) {
+      // M = 1, 32 rows per CTA would be 1-2 per SM (gateup): measured per k (session 53, H200
+      // back-to-back, N = 5120; 16 x 4 / 16 x 8 / 32 x 8 us): k = 2 4.83 / 5.34 / 4.88, k = 3
+      // 5.20 / 4.43 / 5.32, k = 4 5.30 / 5.67 / 4.90, k = 5 5.78 / 6.28 / 5.48. 16 x 8 wins
+      // where its 2.4 CTAs per SM fit in one wave with room for part of the next grid (k = 3:
+      // 80 registers, 3 per SM); at k = 4, 5 (104-128 registers, 2 per SM) it takes two waves.
+      // Why k = 2 (4 per SM) prefers 16 x 4 is not understood.
+      c = K_BITS == 2 ? RowsChoice{16, 4} : K_BITS == 3 ? RowsChoice{16, 8} : RowsChoice{32, 8};
     } else if (ceil_div(N, 8) < 2 * sms) {
-      // M = 2..4 (and M = 1 past 32 rows per SM: 16 x 4 below), from the H100 sweep of
+      // M = 2..4 (and M = 1 past 2 CTAs of 32 rows per SM: 16 x 4 below), from the H100 sweep of
       // NOTES.md v29, before the trigger after the wait: 8 x 8 where 16-row CTAs would be under
       // 2 per SM (KV, down, O), then 16 x 8, then 16 x 4 (gateup); benched as a rule in v31
       // (docs/bench_h100_v31.txt, M = 1) and taken for M = 2..4 in v53.
@@ -425,7 +433,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   // k = 4 5.9 -> 5.0, k = 5 6.4 -> 5.5; k = 2 +0.15, so not there). KBIT_GEMV_U5=0 keeps rounds
   // of 4 (A/Bs).
   static const bool u5_ok = env_int("KBIT_GEMV_U5", 1) != 0;
-  const bool u5 = M == 1 && K_BITS >= 3 && c.rl == 16 && u5_ok && ceil_div(KT, int64_t(c.warps) * 2) == 5;
+  const bool u5 = M == 1 && K_BITS >= 3 && u5_ok && ceil_div(KT, int64_t(c.warps) * 2) == 5;
   auto go = [&](auto rl_tag, auto u_tag) {
     constexpr int RL = decltype(rl_tag)::value, U = decltype(u_tag)::value;
     cudaLaunchConfig_t cfg = {};
@@ -451,14 +459,16 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   using U4 = std::integral_constant<int, 4>;
   if (c.rl == 8) err = go(std::integral_constant<int, 8>{}, U4{});
   else if constexpr (M == 1) {
-    if constexpr (K_BITS >= 3) {
-      if (c.rl == 16 && u5) {
-        err = go(std::integral_constant<int, 16>{}, std::integral_constant<int, 5>{});
-        return true;
+    if (c.rl == 16) {
+      if constexpr (K_BITS >= 3) {  // U = 5 is instantiated for k >= 3 only (u5 is false at k = 2)
+        if (u5) err = go(std::integral_constant<int, 16>{}, std::integral_constant<int, 5>{});
+        else err = go(std::integral_constant<int, 16>{}, U4{});
+      } else {
+        err = go(std::integral_constant<int, 16>{}, U4{});
       }
+    } else {
+      err = go(std::integral_constant<int, 32>{}, U4{});
     }
-    if (c.rl == 16) err = go(std::integral_constant<int, 16>{}, U4{});
-    else err = go(std::integral_constant<int, 32>{}, U4{});
   } else {
     err = go(std::integral_constant<int, 16>{}, U4{});
   }
