@@ -88,6 +88,19 @@ __device__ __forceinline__ float quad_at(const float4& q, int i) {
 // sum[m] += codebook[idx(v)] * x[m][v] over the 32 values of one block; xq(m, j) gives token
 // m's values 4j .. 4j + 3 as a float4 (packed pairs in registers for gemv_kernel, fp32 in
 // shared memory for gemv_rows_kernel).
+// The shuffles' table of a lane (block_dot's cb): k = 3..5 codebook entry lane mod 2^k as fp32;
+// k = 2 a pair of entries as two fp16 halves, entry (lane & 3) low and ((lane >> 2) & 3) high
+// (entries repeat every 16 lanes), so that one shuffle by a 4-bit pair index gives two values.
+template <int K_BITS>
+__device__ __forceinline__ float shuffle_table(const float* __restrict__ codebook, int lane) {
+  if constexpr (K_BITS == 2) {
+    const __half2 p = __floats2half2_rn(__ldg(codebook + (lane & 3)), __ldg(codebook + ((lane >> 2) & 3)));
+    return __uint_as_float(*reinterpret_cast<const uint32_t*>(&p));
+  } else {
+    return __ldg(codebook + (lane & ((1 << K_BITS) - 1)));
+  }
+}
+
 template <int K_BITS, int M, typename XQuad>
 __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb, XQuad&& xq, float (&sum)[M]) {
   uint32_t t0 = w[0], t1 = w[1], t2 = K_BITS > 2 ? w[2] : 0u, t3 = K_BITS > 3 ? w[3] : 0u;
@@ -116,6 +129,30 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
           sum[m] = fmaf(we, quad_at(xe[m], r), sum[m]);
           sum[m] = fmaf(wo, quad_at(xo[m], r), sum[m]);
         }
+      }
+    }
+  } else if constexpr (K_BITS == 2) {
+    // Pairs: nibble j of u (v) is the 4-bit pair index of values 4j, 4j + 1 (4j + 2, 4j + 3)
+    // (k = 2 leaves nibble bits 2-3 of t[r] zero); one shuffle of shuffle_table<2>'s fp16 pairs
+    // per two values instead of one per value. The codebook is rounded to fp16 (2^-11
+    // relative, as mma's fp16 fragments round it); products and sums stay fp32.
+    const uint32_t u = t[0] | (t[1] << 2), v = t[2] | (t[3] << 2);
+    const uint32_t table = __float_as_uint(cb);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      float4 xv[M];
+#pragma unroll
+      for (int m = 0; m < M; m++) xv[m] = xq(m, j);
+      const uint32_t pu = __shfl_sync(0xffffffffu, table, int(u >> (4 * j)));
+      const uint32_t pv = __shfl_sync(0xffffffffu, table, int(v >> (4 * j)));
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&pu));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&pv));
+#pragma unroll
+      for (int m = 0; m < M; m++) {
+        sum[m] = fmaf(a.x, xv[m].x, sum[m]);
+        sum[m] = fmaf(a.y, xv[m].y, sum[m]);
+        sum[m] = fmaf(b.x, xv[m].z, sum[m]);
+        sum[m] = fmaf(b.y, xv[m].w, sum[m]);
       }
     }
   } else {
@@ -151,8 +188,8 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
   // the main loop: many small CTAs triggered at entry let the next calls' grids pile up
   // (NOTES.md v16).
   if (pdl > 0) pdl_wait();
-  // lane L holds codebook entry L mod 2^k (the shuffles' table)
-  const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));
+  // lane L holds codebook entry L mod 2^k (k = 2: a pair of entries; the shuffles' table)
+  const float cb = shuffle_table<K_BITS>(codebook, lane);
 
   float acc[R][M];
 #pragma unroll
@@ -272,15 +309,26 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   // (KBIT_GEMV_EARLY_TRIGGER=0, for A/Bs) triggers after the main loop as pdl 1 does.
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
-  const float cb = __ldg(codebook + (lane & ((1 << K_BITS) - 1)));  // the shuffles' table
+  const float cb = shuffle_table<K_BITS>(codebook, lane);  // the shuffles' table
   // A round: U tiles per lane, tile u at kt = base + u * P + phase. A slot is skipped when no
-  // lane of the warp has it (warp-uniform, as the shuffles need); a lane without a tile (past
-  // KT or N) decodes block 0 with scale 0.
+  // warp of the CTA has it (kWarpBreak: no lane of this warp; either way uniform, as the
+  // shuffles need); a lane without a tile (past KT or N) decodes block 0 with scale 0, a warp
+  // without the slot zeros.
   Tile<K_BITS> tile[U];
+  constexpr bool kWarpBreak = K_BITS == 5 || (K_BITS == 4 && U == 5);  // see the decode loop
   auto load_round = [&](int64_t base) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (base + u * P + warp_phase >= KT) break;
+      if (base + u * P + (kWarpBreak ? warp_phase : 0) >= KT) break;  // no warp has this slot
+      if (base + u * P + warp_phase >= KT) {  // no lane of this warp has it: zeros (scale 0),
+#pragma unroll                                 // which the decode loop reads
+        for (int h = 0; h < kTileBlocks; h++) {
+#pragma unroll
+          for (int b = 0; b < K_BITS; b++) tile[u].w[h][b] = 0u;
+          tile[u].sbits[h] = 0u;
+        }
+        continue;
+      }
       const int64_t kt = base + u * P + phase;
       const bool ok = row_ok && kt < KT;
       const int64_t blk = ok ? tile_block(kt) : 0;
@@ -324,7 +372,14 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
     if (base > 0) load_round(base);
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (base + u * P + warp_phase >= KT) break;
+      // k = 2..4 (except U = 5): the break tests a CTA-uniform bound only, and a warp decodes
+      // the slots that only other warps have as zeros (load_round zeroed them). A per-warp
+      // break (warp-uniform, but not provably so) makes ptxas wrap every shuffle in WARPSYNC /
+      // ENDCOLLECTIVE with a second copy of the decode for divergent warps: ~1.5x the
+      // instructions. Without it, H200 back-to-back M = 1 (session 54, NOTES.md v64): Q, O
+      // k = 3, 4 -0.15..-0.4 us, down k = 3 -0.3; but k = 5 (Q +0.7, gateup +0.8) and down k = 4
+      // at U = 5 (+0.45) were slower, not understood, so those keep the per-warp break.
+      if (kWarpBreak ? base + u * P + warp_phase >= KT : base + u * P >= KT) break;
       const int64_t kt = base + u * P + phase;
       const float4* xq = reinterpret_cast<const float4*>(xs + (kt < KT ? kt : 0) * 64);
 #pragma unroll
