@@ -7,7 +7,9 @@
 // so the weights stream from the first instruction after the PDL wait. The codebook lives in
 // registers: lane L holds entry L mod 2^k and a value's index is the source lane of one
 // shuffle (k <= 4: the shuffle reads only the low 5 bits of the index field, and entries repeat
-// every 2^k lanes, so the bits above a value's nibble need no mask). Each block's 32 products
+// every 2^k lanes, so the bits above a value's nibble need no mask); at k = 2 a lane holds a
+// pair of entries as fp16 and one shuffle by a 4-bit pair index gives two values (session 54,
+// NOTES.md v64: shuffle_table, block_dot). Each block's 32 products
 // are summed in fp32 and scaled once; the lanes' sums meet in a butterfly reduction and lane 0
 // writes the R x M outputs.
 //
