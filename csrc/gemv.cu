@@ -377,10 +377,11 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
       // k = 2..4 (except U = 5): the break tests a CTA-uniform bound only, and a warp decodes
       // the slots that only other warps have as zeros (load_round zeroed them). A per-warp
       // break (warp-uniform, but not provably so) makes ptxas wrap every shuffle in WARPSYNC /
-      // ENDCOLLECTIVE with a second copy of the decode for divergent warps: ~1.5x the
-      // instructions. Without it, H200 back-to-back M = 1 (session 54, NOTES.md v64): Q, O
-      // k = 3, 4 -0.15..-0.4 us, down k = 3 -0.3; but k = 5 (Q +0.7, gateup +0.8) and down k = 4
-      // at U = 5 (+0.45) were slower, not understood, so those keep the per-warp break.
+      // ENDCOLLECTIVE and keep a second copy of the decode for divergent warps. With this
+      // break, H200 back-to-back M = 1 (session 54, NOTES.md v64 item 6): KV, Q, O k = 2..4
+      // -0.1..-0.5 us; but down k = 3 (U = 5) +0.54. Without any break, k = 5 (Q +0.7, gateup
+      // +0.85) and down k = 4 at U = 5 (+0.45) were slower; not understood, so those keep the
+      // per-warp break (kWarpBreak).
       if (kWarpBreak ? base + u * P + warp_phase >= KT : base + u * P >= KT) break;
       const int64_t kt = base + u * P + phase;
       const float4* xq = reinterpret_cast<const float4*>(xs + (kt < KT ? kt : 0) * 64);
