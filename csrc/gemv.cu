@@ -318,10 +318,13 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   // without the slot zeros.
   Tile<K_BITS> tile[U];
   constexpr bool kWarpBreak = K_BITS == 5 || (K_BITS == 4 && U == 5);  // see the decode loop
+  // where both loops stop: slot u of a round lies past KT for every warp of the CTA
+  // (kWarpBreak: for this warp)
+  auto past_slots = [&](int64_t slot_base) { return slot_base + (kWarpBreak ? warp_phase : 0) >= KT; };
   auto load_round = [&](int64_t base) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (base + u * P + (kWarpBreak ? warp_phase : 0) >= KT) break;  // no warp has this slot
+      if (past_slots(base + u * P)) break;
       if (base + u * P + warp_phase >= KT) {  // no lane of this warp has it: zeros (scale 0),
 #pragma unroll                                 // which the decode loop reads
         for (int h = 0; h < kTileBlocks; h++) {
@@ -382,7 +385,7 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
       // -0.1..-0.5 us; but down k = 3 (U = 5) +0.54. Without any break, k = 5 (Q +0.7, gateup
       // +0.85) and down k = 4 at U = 5 (+0.45) were slower; not understood, so those keep the
       // per-warp break (kWarpBreak).
-      if (kWarpBreak ? base + u * P + warp_phase >= KT : base + u * P >= KT) break;
+      if (past_slots(base + u * P)) break;
       const int64_t kt = base + u * P + phase;
       const float4* xq = reinterpret_cast<const float4*>(xs + (kt < KT ? kt : 0) * 64);
 #pragma unroll
