@@ -173,6 +173,80 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
   }
 }
 
+// Experiment switches (session 55; A/B builds): KBIT_GEMV_XPAD pads each k-tile of the rows
+// kernel's staged x by 4 floats, so that the 2 or 4 k-tiles a warp reads at once (RL = 16 / 8)
+// sit in different banks; KBIT_GEMV_PAIRTAB decodes k = 3, 4 through a shared-memory table of
+// fp16 codebook pairs instead of one shuffle per value.
+#ifndef KBIT_GEMV_XPAD
+#define KBIT_GEMV_XPAD 0
+#endif
+#ifndef KBIT_GEMV_PAIRTAB
+#define KBIT_GEMV_PAIRTAB 0
+#endif
+constexpr int kXPad = KBIT_GEMV_XPAD ? 4 : 0;  // floats after each k-tile's 64 in the rows kernel
+template <int K_BITS>
+constexpr bool pair_table_on() { return KBIT_GEMV_PAIRTAB && (K_BITS == 3 || K_BITS == 4); }
+// Rows of the pair table: row e holds (codebook[e & 15], codebook[e >> 4]) as fp16 in all 32
+// words (one per bank), so lane l reading word l of any row never conflicts. k = 3's pair
+// indices have bits 3 and 7 clear: rows 0..127 are enough.
+template <int K_BITS>
+constexpr int pair_table_rows() { return pair_table_on<K_BITS>() ? (K_BITS == 4 ? 256 : 128) : 0; }
+
+// block_dot for k = 3, 4 through the pair table, in two halves so that the rows kernel can
+// put the lookups of a whole tile (both blocks) ahead of their products: ptxas otherwise
+// places each shared load just before its use. pair_lookups: the block's 16 table words
+// (tab: the shared address of the table's word `lane`); one 4-byte shared load gives two
+// values (half the MIO work of two shuffles).
+template <int K_BITS>
+__device__ __forceinline__ void pair_lookups(const uint32_t (&w)[K_BITS], uint32_t tab, uint32_t (&pr)[4][4]) {
+  static_assert(K_BITS == 3 || K_BITS == 4, "pair table: k = 3, 4");
+  uint32_t t0 = w[0], t1 = w[1], t2 = w[2], t3 = K_BITS > 3 ? w[3] : 0u;
+  nibble_transpose(t0, t1, t2, t3);  // nibble j of t_r: the index of value 4j + r
+  // byte i of p[q]: the pair index (low nibble first) of values 8i + 2q, 8i + 2q + 1
+  // (q = 0, 1) and 8i + 4 + 2(q - 2), 8i + 5 + 2(q - 2) (q = 2, 3)
+  const uint32_t p[4] = {(t0 & 0x0f0f0f0fu) | ((t1 & 0x0f0f0f0fu) << 4),
+                         (t2 & 0x0f0f0f0fu) | ((t3 & 0x0f0f0f0fu) << 4),
+                         ((t0 >> 4) & 0x0f0f0f0fu) | (t1 & 0xf0f0f0f0u),
+                         ((t2 >> 4) & 0x0f0f0f0fu) | (t3 & 0xf0f0f0f0u)};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      // byte i by one PRMT (zeros above it), the row's shared address by one LEA (a 32-bit
+      // address: the C++ form became PRMT, IMAD, LEA). Not volatile, so that the loads can be
+      // scheduled early; tab comes from a volatile asm after the barrier that ends the table's
+      // build, which keeps them after it.
+      const uint32_t e = __byte_perm(p[q], 0u, 0x4440u + i);
+      asm("ld.shared.b32 %0, [%1];" : "=r"(pr[i][q]) : "r"(tab + (e << 7)));
+    }
+  }
+}
+
+// sum[m] += the block's 32 products from pair_lookups' words (xq as in block_dot)
+template <int M, typename XQuad>
+__device__ __forceinline__ void pair_products(const uint32_t (&pr)[4][4], XQuad&& xq, float (&sum)[M]) {
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    float4 xa[M], xb[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) { xa[m] = xq(m, 2 * i); xb[m] = xq(m, 2 * i + 1); }
+    float2 v[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) v[q] = __half22float2(*reinterpret_cast<const __half2*>(&pr[i][q]));
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      sum[m] = fmaf(v[0].x, xa[m].x, sum[m]);
+      sum[m] = fmaf(v[0].y, xa[m].y, sum[m]);
+      sum[m] = fmaf(v[1].x, xa[m].z, sum[m]);
+      sum[m] = fmaf(v[1].y, xa[m].w, sum[m]);
+      sum[m] = fmaf(v[2].x, xb[m].x, sum[m]);
+      sum[m] = fmaf(v[2].y, xb[m].y, sum[m]);
+      sum[m] = fmaf(v[3].x, xb[m].z, sum[m]);
+      sum[m] = fmaf(v[3].y, xb[m].w, sum[m]);
+    }
+  }
+}
+
 // At least 4 CTAs per SM (<= 128 registers), 5 at M = 1 (<= 102: a gateup-sized call puts ~20
 // warps on every SM at R = 2 and should have them all resident at once).
 template <typename T, int K_BITS, int M, int R, int U>
@@ -288,8 +362,11 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
   extern __shared__ float4 rows_smem[];
-  float* xs = reinterpret_cast<float*>(rows_smem);  // M rows of KT * 64 floats
-  float* red = xs + M * KT * 64;                      // W * RL * M partial sums
+  constexpr int kTabRows = pair_table_rows<K_BITS>();
+  uint32_t* table = reinterpret_cast<uint32_t*>(rows_smem);  // kTabRows x 32 words (pair table)
+  float* xs = reinterpret_cast<float*>(table + kTabRows * 32);  // M rows of KT k-tiles of 64 + kXPad floats
+  const int64_t row_len = KT * (64 + kXPad);
+  float* red = xs + M * row_len;                      // W * RL * M partial sums
   constexpr int G = 32 / RL;                          // phases per warp
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
   const int64_t P = int64_t(W) * G;                   // phases per CTA
@@ -311,7 +388,15 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   // (KBIT_GEMV_EARLY_TRIGGER=0, for A/Bs) triggers after the main loop as pdl 1 does.
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
-  const float cb = shuffle_table<K_BITS>(codebook, lane);  // the shuffles' table
+  const float cb = pair_table_on<K_BITS>() ? 0.f : shuffle_table<K_BITS>(codebook, lane);  // the shuffles' table
+  // the pair table's row threadIdx.x (built after the first tiles are requested), requested here
+  constexpr int kCbMask = (1 << K_BITS) - 1;
+  auto pair_row = [&](int e) {
+    const __half2 pr = __floats2half2_rn(__ldg(codebook + (e & 15 & kCbMask)), __ldg(codebook + ((e >> 4) & kCbMask)));
+    return *reinterpret_cast<const uint32_t*>(&pr);
+  };
+  uint32_t first_row = 0;
+  if constexpr (kTabRows > 0) first_row = threadIdx.x < kTabRows ? pair_row(threadIdx.x) : 0u;
   // A round: U tiles per lane, tile u at kt = base + u * P + phase. A slot is skipped when no
   // warp of the CTA has it (kWarpBreak: no lane of this warp; either way uniform, as the
   // shuffles need); a lane without a tile (past KT or N) decodes block 0 with scale 0, a warp
@@ -347,13 +432,25 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   load_round(0);
   if (early) pdl_wait();
   if (pdl == 2) pdl_trigger();
-  // x -> fp32 in shared memory, 8 values per thread and step (token m at xs + m * KT * 64)
-  const int64_t row_len = KT * 64;
-  for (int64_t i = int64_t(threadIdx.x) * 8; i < M * row_len; i += int64_t(blockDim.x) * 8) {
+  if constexpr (kTabRows > 0) {
+    // the pair table, after the first tiles are requested (waiting for the codebook would hold
+    // them back): a thread writes row e's 8 chunks of 16 bytes starting at chunk e mod 8, so the
+    // 8 threads of a store phase hit 8 different bank groups
+    for (int e = threadIdx.x; e < kTabRows; e += blockDim.x) {
+      const uint32_t wv = e == int(threadIdx.x) ? first_row : pair_row(e);
+      uint4* row = reinterpret_cast<uint4*>(table + e * 32);
+#pragma unroll
+      for (int c = 0; c < 8; c++) row[(c + e) & 7] = make_uint4(wv, wv, wv, wv);
+    }
+  }
+  // x -> fp32 in shared memory, 8 values per thread and step (token m at xs + m * row_len,
+  // column c at c + (c / 64) * kXPad)
+  const int64_t x_len = KT * 64;
+  for (int64_t i = int64_t(threadIdx.x) * 8; i < M * x_len; i += int64_t(blockDim.x) * 8) {
     int64_t m = 0, c = i;
     if constexpr (M > 1) {
-      m = i / row_len;  // a step never crosses a token (row_len % 8 == 0)
-      c = i - m * row_len;
+      m = i / x_len;  // a step never crosses a token (x_len % 8 == 0)
+      c = i - m * x_len;
     }
     const T* src = x + m * ldx + c;
     float f[8];
@@ -366,10 +463,14 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
 #pragma unroll
       for (int e = 0; e < 8; e++) f[e] = c + e < K ? to_float(src[e]) : 0.f;
     }
-    reinterpret_cast<float4*>(xs + i)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    reinterpret_cast<float4*>(xs + i)[1] = make_float4(f[4], f[5], f[6], f[7]);
+    float* dst = kXPad ? xs + m * row_len + c + (c >> 6) * kXPad : xs + i;
+    reinterpret_cast<float4*>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
   }
   __syncthreads();
+  // the shared address of the pair table's word `lane` (k = 3, 4), taken after the barrier
+  uint32_t tab_lane = uint32_t(__cvta_generic_to_shared(table + lane));
+  if constexpr (kTabRows > 0) asm volatile("mov.b32 %0, %0;" : "+r"(tab_lane));
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; m++) acc[m] = 0.f;
@@ -387,14 +488,21 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
       // per-warp break (kWarpBreak).
       if (past_slots(base + u * P)) break;
       const int64_t kt = base + u * P + phase;
-      const float4* xq = reinterpret_cast<const float4*>(xs + (kt < KT ? kt : 0) * 64);
+      const float4* xq = reinterpret_cast<const float4*>(xs + (kt < KT ? kt : 0) * (64 + kXPad));
+      uint32_t pr[kTabRows > 0 ? kTileBlocks : 1][4][4];  // the pair table's words (k = 3, 4)
+      if constexpr (kTabRows > 0) {
+#pragma unroll
+        for (int h = 0; h < kTileBlocks; h++) pair_lookups<K_BITS>(tile[u].w[h], tab_lane, pr[h]);
+      }
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
         float sum[M];
 #pragma unroll
         for (int m = 0; m < M; m++) sum[m] = 0.f;
         // token m's float4 j of this block: xq + m * (row_len / 4) + 8h + j
-        block_dot<K_BITS, M>(tile[u].w[h], cb, [&](int m, int j) { return xq[m * (row_len >> 2) + 8 * h + j]; }, sum);
+        auto xquad = [&](int m, int j) { return xq[m * (row_len >> 2) + 8 * h + j]; };
+        if constexpr (kTabRows > 0) pair_products<M>(pr[h], xquad, sum);
+        else block_dot<K_BITS, M>(tile[u].w[h], cb, xquad, sum);
         const float scale = absmax_of_bits(tile[u].sbits[h], absmax_format);
 #pragma unroll
         for (int m = 0; m < M; m++) acc[m] = fmaf(sum[m], scale, acc[m]);
@@ -484,9 +592,12 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   }
   if (c.warps < 1 || c.warps > 8 || (c.rl != 8 && c.rl != 16 && c.rl != 32)) return false;
   if (M > 1 && c.rl == 32) return false;  // not instantiated (tests force it at M = 1 only)
-  const int64_t smem = (M * KT * 64 + int64_t(c.warps) * c.rl * M) * 4;
-  // M = 1: the default 48 KB (as measured in v29-v31); M > 1: up to half an SM's shared memory
-  const int64_t limit = M == 1 ? 48 * 1024 : std::min<int64_t>(dev.smem_optin, (dev.smem_per_sm - 2 * dev.smem_reserved) / 2);
+  const int64_t smem = (int64_t(pair_table_rows<K_BITS>()) * 32 + M * KT * (64 + kXPad) + int64_t(c.warps) * c.rl * M) * 4;
+  // M = 1 without the pair table: the default 48 KB (as measured in v29-v31); otherwise up to
+  // half an SM's shared memory
+  const int64_t limit = M == 1 && !pair_table_on<K_BITS>()
+                            ? 48 * 1024
+                            : std::min<int64_t>(dev.smem_optin, (dev.smem_per_sm - 2 * dev.smem_reserved) / 2);
   if (smem > limit) return false;
   // M = 1, 16 rows per CTA, k >= 3: 5 tiles per lane in one round where the k-tiles need exactly
   // 5 per phase (down: K = 5120, 80 k-tiles over 8 warps' 16 phases), instead of a second round
