@@ -12,7 +12,7 @@ from kbit import ops
 # rounds of 5 tiles per lane at M = 1
 for rows, warps in ((8, 1), (16, 8), (32, 3), (0, 0)):
     ops.force_gemv_rows(rows, warps)
-    for k in (2, 5):
+    for k in (2, 3, 4, 5):
         for n, kdim in ((9, 256), (1040, 4021), (1040, 4500)):
             t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
             for m in (1, 3):
