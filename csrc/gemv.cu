@@ -173,17 +173,27 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
   }
 }
 
-// Experiment switches (session 55; A/B builds): KBIT_GEMV_XPAD pads each k-tile of the rows
-// kernel's staged x by 4 floats, so that the 2 or 4 k-tiles a warp reads at once (RL = 16 / 8)
-// sit in different banks; KBIT_GEMV_PAIRTAB decodes k = 3, 4 through a shared-memory table of
-// fp16 codebook pairs instead of one shuffle per value.
+// KBIT_GEMV_XPAD (default on since session 56) pads each k-tile of the rows kernel's staged x
+// by 4 floats, so that the 2 or 4 k-tiles a warp reads at once (RL = 16 / 8) sit in different
+// banks (unpadded: 2- / 4-way conflicts on every x load). H100, M = 1 Scalar (NOTES.md v66):
+// KV k = 2, 5 -0.1..-0.15 us, O k = 2 -0.1, down k = 3 5.7 -> 5.0 (U = 5, the slowdown of v64
+// item 6); the other cells within the run's noise; Q (RL = 32) unchanged.
+// KBIT_GEMV_PAIRTAB (experiment switch, default off) decodes k = 3, 4 through a shared-memory
+// table of fp16 codebook pairs instead of one shuffle per value. Measured (v66, M = 1): slower
+// at k = 4 on every shape (+0.15..+0.45 us) and on gateup k = 3 (+0.9), faster on down k = 3
+// (-0.8) and O k = 3 (-0.15): the decode is latency-, not MIO-bound at M = 1.
 #ifndef KBIT_GEMV_XPAD
-#define KBIT_GEMV_XPAD 0
+#define KBIT_GEMV_XPAD 1
 #endif
 #ifndef KBIT_GEMV_PAIRTAB
 #define KBIT_GEMV_PAIRTAB 0
 #endif
-constexpr int kXPad = KBIT_GEMV_XPAD ? 4 : 0;  // floats after each k-tile's 64 in the rows kernel
+// Floats after each k-tile's 64 in the rows kernel's staged x, per (k, rows per CTA): none at
+// k = 4 with 16 rows per CTA, where padding made O (M = 1, 16 x 8) 0.6 us slower on the H100
+// (v66: 4.0 -> 4.6 us, same instruction mix, 80 -> 73 registers; not understood); those
+// kernels stay as before.
+template <int K_BITS>
+constexpr int x_pad(int rl) { return KBIT_GEMV_XPAD && !(K_BITS == 4 && rl == 16) ? 4 : 0; }
 template <int K_BITS>
 constexpr bool pair_table_on() { return KBIT_GEMV_PAIRTAB && (K_BITS == 3 || K_BITS == 4); }
 // Rows of the pair table: row e holds (codebook[e & 15], codebook[e >> 4]) as fp16 in all 32
@@ -364,6 +374,7 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   extern __shared__ float4 rows_smem[];
   constexpr int kTabRows = pair_table_rows<K_BITS>();
   uint32_t* table = reinterpret_cast<uint32_t*>(rows_smem);  // kTabRows x 32 words (pair table)
+  constexpr int kXPad = x_pad<K_BITS>(RL);
   float* xs = reinterpret_cast<float*>(table + kTabRows * 32);  // M rows of KT k-tiles of 64 + kXPad floats
   const int64_t row_len = KT * (64 + kXPad);
   float* red = xs + M * row_len;                      // W * RL * M partial sums
@@ -592,7 +603,8 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   }
   if (c.warps < 1 || c.warps > 8 || (c.rl != 8 && c.rl != 16 && c.rl != 32)) return false;
   if (M > 1 && c.rl == 32) return false;  // not instantiated (tests force it at M = 1 only)
-  const int64_t smem = (int64_t(pair_table_rows<K_BITS>()) * 32 + M * KT * (64 + kXPad) + int64_t(c.warps) * c.rl * M) * 4;
+  const int64_t smem =
+      (int64_t(pair_table_rows<K_BITS>()) * 32 + M * KT * (64 + x_pad<K_BITS>(c.rl)) + int64_t(c.warps) * c.rl * M) * 4;
   // M = 1 without the pair table: the default 48 KB (as measured in v29-v31); otherwise up to
   // half an SM's shared memory
   const int64_t limit = M == 1 && !pair_table_on<K_BITS>()
