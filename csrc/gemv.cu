@@ -366,8 +366,14 @@ __global__ void __launch_bounds__(kWarps * 32, M == 1 ? 5 : 4) gemv_kernel(
 // the round body instead of three (79 registers instead of 99) and M = 1 ran 5-25% slower
 // (v53 item 5); with them the M = 1 code is instruction for instruction session 24's kernel
 // (scripts/sass_diff.py, NOTES.md v54 item 7).
-template <typename T, int K_BITS, int M, int RL, int U>
-__global__ void __launch_bounds__(256) gemv_rows_kernel(
+// Row groups (GR > 1, M = 1; session 57): a CTA covers GR groups of RL rows with WG warps each
+// (GR * WG warps), so that N / (RL * GR) CTAs are one per SM where RL <= 32 rows cannot get
+// there: gateup (N = 5120) as 8 rows x 5 groups = 40 rows, 128 CTAs, where 32-row CTAs are 160
+// (1-2 per SM: the SMs with two take twice the decode). Session 53's form of this (one warp
+// per group, 8 tiles per lane) was slower (v64 item 1: k = 4 4.9 -> 6.5 us): 5 warps per SM did
+// not hide the shuffle chain's latency; WG = 2 keeps gateup at 4 tiles per lane on 10 warps.
+template <typename T, int K_BITS, int M, int RL, int U, int GR = 1, int WG = 0>
+__global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
@@ -379,10 +385,13 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   const int64_t row_len = KT * (64 + kXPad);
   float* red = xs + M * row_len;                      // W * RL * M partial sums
   constexpr int G = 32 / RL;                          // phases per warp
+  static_assert(GR == 1 ? WG == 0 : M == 1 && WG > 0, "row groups: M = 1, WG warps per group");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
-  const int64_t P = int64_t(W) * G;                   // phases per CTA
-  const int64_t n = int64_t(blockIdx.x) * RL + lane % RL;
-  const int64_t phase = warp * G + lane / RL, warp_phase = warp * G;
+  // this warp's row group and its index among the group's warps (GR = 1: the CTA's warps)
+  const int group = GR == 1 ? 0 : warp / WG, wig = GR == 1 ? warp : warp - group * WG;
+  const int64_t P = int64_t(GR == 1 ? W : WG) * G;   // phases per row group
+  const int64_t n = (int64_t(blockIdx.x) * GR + group) * RL + lane % RL;
+  const int64_t phase = wig * G + lane / RL, warp_phase = wig * G;
   const bool row_ok = n < N;
   auto tile_block = [&](int64_t kt) { return (kt * N + n) * kTileBlocks; };  // block 0 of (kt, n)
   // pdl 2 (the caller's KBIT_WEIGHTS_STABLE, kbit.h: no kernel still in flight wrote the
@@ -528,7 +537,15 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
     if (lane < RL) red[(warp * RL + lane) * M + m] = acc[m];
   }
   __syncthreads();
-  if constexpr (M == 1) {  // RL <= 32 <= blockDim.x
+  if constexpr (GR > 1) {  // M = 1; RL * GR <= 32 * GR * WG threads
+    if (threadIdx.x < RL * GR) {
+      const int g = threadIdx.x / RL, r = threadIdx.x - g * RL;
+      const int64_t row = (int64_t(blockIdx.x) * GR + g) * RL + r;
+      float v = 0.f;
+      for (int w = 0; w < WG; w++) v += red[(g * WG + w) * RL + r];
+      if (row < N) out[row] = from_float<T>(v * shift_up + (bias != nullptr ? to_float(bias[row]) : 0.f));
+    }
+  } else if constexpr (M == 1) {  // RL <= 32 <= blockDim.x
     if (threadIdx.x < RL) {
       const int64_t row = int64_t(blockIdx.x) * RL + threadIdx.x;
       float v = 0.f;
@@ -546,17 +563,17 @@ __global__ void __launch_bounds__(256) gemv_rows_kernel(
   }
 }
 
-// gemv_rows_kernel's (rows per CTA, warps per CTA): forced by kbit_gemv_force_rows (tests,
-// experiments; starts from KBIT_GEMV_ROWS="RL,W", or "RL" for RL rows on 8 warps), rows -1 =
-// never, 0 = automatic.
+// gemv_rows_kernel's (rows per group, warps per CTA, row groups per CTA): forced by
+// kbit_gemv_force_rows (tests, experiments; starts from KBIT_GEMV_ROWS="RL,W,GR", "RL,W" for one
+// group, or "RL" for RL rows on 8 warps), rows -1 = never, 0 = automatic.
 struct RowsChoice {
-  int rl = 0, warps = 0;
+  int rl = 0, warps = 0, groups = 1;
 };
 inline RowsChoice& forced_rows() {
   static RowsChoice v = [] {
     RowsChoice c;
     if (const char* e = getenv("KBIT_GEMV_ROWS")) {
-      const int n = sscanf(e, "%d,%d", &c.rl, &c.warps);
+      const int n = sscanf(e, "%d,%d,%d", &c.rl, &c.warps, &c.groups);
       if (n < 1) c.rl = 0;
       else if (n == 1) c.warps = 8;
     }
@@ -601,7 +618,10 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
     }
   }
-  if (c.warps < 1 || c.warps > 8 || (c.rl != 8 && c.rl != 16 && c.rl != 32)) return false;
+  // row groups: instantiated for M = 1 as 8 rows x 5 groups on 10 or 20 warps (2 or 4 per group)
+  const bool grouped = c.groups != 1;
+  if (grouped && (M != 1 || c.rl != 8 || c.groups != 5 || (c.warps != 10 && c.warps != 20))) return false;
+  if (c.warps < 1 || (c.warps > 8 && !grouped) || (c.rl != 8 && c.rl != 16 && c.rl != 32)) return false;
   if (M > 1 && c.rl == 32) return false;  // not instantiated (tests force it at M = 1 only)
   const int64_t smem =
       (int64_t(pair_table_rows<K_BITS>()) * 32 + M * KT * (64 + x_pad<K_BITS>(c.rl)) + int64_t(c.warps) * c.rl * M) * 4;
@@ -618,14 +638,15 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   // of 4 (A/Bs).
   static const bool u5_ok = env_int("KBIT_GEMV_U5", 1) != 0;
   const bool u5 = M == 1 && K_BITS >= 3 && u5_ok && ceil_div(KT, int64_t(c.warps) * 2) == 5;
-  auto go = [&](auto rl_tag, auto u_tag) {
+  auto go_groups = [&](auto rl_tag, auto u_tag, auto gr_tag, auto wg_tag) {
     constexpr int RL = decltype(rl_tag)::value, U = decltype(u_tag)::value;
+    constexpr int GR = decltype(gr_tag)::value, WG = decltype(wg_tag)::value;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(ceil_div(N, int64_t(RL))));
+    cfg.gridDim = dim3(unsigned(ceil_div(N, int64_t(RL) * GR)));
     cfg.blockDim = dim3(c.warps * 32);
     cfg.dynamicSmemBytes = size_t(smem);
     cfg.stream = s;
-    constexpr auto kernel = gemv_rows_kernel<T, K_BITS, M, RL, U>;
+    constexpr auto kernel = gemv_rows_kernel<T, K_BITS, M, RL, U, GR, WG>;
     if (smem > 48 * 1024) {
       // x of M tokens as fp32 passes the default 48 KB at M * K > 12288 (M > 1 only: see limit)
       const cudaError_t e = smem_optin<kernel>(device, int(limit));
@@ -640,7 +661,19 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
     return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
                          ldo, pdl);
   };
+  auto go = [&](auto rl_tag, auto u_tag) {
+    return go_groups(rl_tag, u_tag, std::integral_constant<int, 1>{}, std::integral_constant<int, 0>{});
+  };
   using U4 = std::integral_constant<int, 4>;
+  if constexpr (M == 1) {
+    if (grouped) {
+      using R8 = std::integral_constant<int, 8>;
+      using G5 = std::integral_constant<int, 5>;
+      if (c.warps == 10) err = go_groups(R8{}, U4{}, G5{}, std::integral_constant<int, 2>{});
+      else err = go_groups(R8{}, U4{}, G5{}, std::integral_constant<int, 4>{});
+      return true;
+    }
+  }
   if (c.rl == 8) err = go(std::integral_constant<int, 8>{}, U4{});
   else if constexpr (M == 1) {
     if (c.rl == 16) {
@@ -725,7 +758,9 @@ cudaError_t launch_k(int k, int m, int device, cudaStream_t s, const void* x, in
 }  // namespace
 }  // namespace kbit
 
-extern "C" void kbit_gemv_force_rows(int rows, int warps) { kbit::forced_rows() = {rows, warps}; }
+extern "C" void kbit_gemv_force_rows(int rows, int warps, int groups) {
+  kbit::forced_rows() = {rows, warps, groups};
+}
 
 extern "C" int kbit_gemv(int device, void* stream, const void* x, int dtype, int64_t M,
                          int64_t ldx, const int32_t* packed, const void* absmax,

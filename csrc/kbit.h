@@ -87,8 +87,10 @@ KBIT_API int kbit_mma_ksplit(int device, int k, int64_t M, int64_t N, int64_t K)
 KBIT_API void kbit_mma_force_ksplit(int S);
 // The M = 1 scalar GEMV's coalesced variant with `rows` rows (8, 16, 32) and `warps` warps
 // (1..8) per CTA wherever it can run, for the whole process; 0 = automatic, -1 = never (tests,
-// experiments; starts from the environment variable KBIT_GEMV_ROWS="rows,warps").
-KBIT_API void kbit_gemv_force_rows(int rows, int warps);
+// experiments; starts from the environment variable KBIT_GEMV_ROWS="rows,warps[,groups]").
+// groups > 1 (M = 1 only): `groups` groups of `rows` rows per CTA, warps / groups warps each;
+// instantiated for 8 rows x 5 groups on 10 or 20 warps (ABI 12).
+KBIT_API void kbit_gemv_force_rows(int rows, int warps, int groups);
 KBIT_API int kbit_device_smem_optin(int device);
 
 // Same contract as kbit_gemv for any M >= 1 on Hopper's warpgroup MMA (csrc/wgmma.cu): needs a

@@ -511,12 +511,14 @@ def force_mma_ksplit(S: int) -> None:
     fast_path_cache.clear()
 
 
-def force_gemv_rows(rows: int, warps: int = 0) -> None:
+def force_gemv_rows(rows: int, warps: int = 0, groups: int = 1) -> None:
     """Tests and experiments: the scalar GEMV's coalesced variant (gemv_rows_kernel) with `rows`
     rows (8, 16, 32; 32 at M = 1 only) and `warps` warps (1..8) per CTA for every call it can
-    take; 0 = automatic again, -1 = never (the lane-per-k-tile kernel)."""
+    take; 0 = automatic again, -1 = never (the lane-per-k-tile kernel). groups > 1 (M = 1 only;
+    other M fall back to the lane-per-k-tile kernel): `groups` groups of `rows` rows per CTA on
+    warps / groups warps each, built for rows = 8, groups = 5, warps = 10 or 20."""
     if _lib.available():
-        _lib._lib.kbit_gemv_force_rows(int(rows), int(warps))
+        _lib._lib.kbit_gemv_force_rows(int(rows), int(warps), int(groups))
 
 
 def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):

@@ -7,11 +7,12 @@ import torch
 import kbit
 from kbit import ops
 
-# the GEMV's coalesced variant (gemv_rows_kernel) at M = 1, 3 in several CTA shapes (rows, warps),
+# the GEMV's coalesced variant (gemv_rows_kernel) at M = 1, 3 in several CTA shapes (rows, warps,
+# row groups; groups at M = 1 only),
 # N not a multiple of its rows, K past the last full tile; K = 4500 with 16 rows on 8 warps takes
 # rounds of 5 tiles per lane at M = 1
-for rows, warps in ((8, 1), (16, 8), (32, 3), (0, 0)):
-    ops.force_gemv_rows(rows, warps)
+for rows, warps, groups in ((8, 1, 1), (16, 8, 1), (32, 3, 1), (8, 10, 5), (8, 20, 5), (0, 0, 1)):
+    ops.force_gemv_rows(rows, warps, groups)
     for k in (2, 3, 4, 5):
         for n, kdim in ((9, 256), (1040, 4021), (1040, 4500)):
             t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))

@@ -74,16 +74,17 @@ def test_gemv_small_m(device, k, dtype, rng):
 
 
 @pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
-@pytest.mark.parametrize("rows,warps", [(8, 1), (16, 8), (32, 3)])
-def test_gemv_rows_configs(device, rows, warps, rng):
+@pytest.mark.parametrize("rows,warps,groups", [(8, 1, 1), (16, 8, 1), (32, 3, 1), (8, 10, 5), (8, 20, 5)])
+def test_gemv_rows_configs(device, rows, warps, groups, rng):
     """The GEMV's coalesced variant (gemv_rows_kernel) forced to several CTA shapes at M = 1..4
-    (32 rows: M = 1 only; M > 1 then takes the lane-per-k-tile kernel): N not a multiple of the
-    rows per CTA, K past the last full tile, K of 71 k-tiles (4500: one round of 5 tiles per lane
-    at 16 rows on 8 warps), K near M = 1's 48 KB x limit (12000; M = 3, 4 of it
-    pass the 2-CTAs-per-SM limit and fall back), x at an odd element offset (no 16-byte loads),
-    x rows with a padded stride, a bias."""
+    (32 rows and row groups: M = 1 only; M > 1 then takes the lane-per-k-tile kernel): N not a
+    multiple of the rows per CTA (5 groups of 8 rows: 2049 rows leave the last CTA one full
+    group, one group of one row and three past N), K past the last full tile, K of 71 k-tiles
+    (4500: one round of 5 tiles per lane at 16 rows on 8 warps), K near M = 1's 48 KB x limit
+    (12000; M = 3, 4 of it pass the 2-CTAs-per-SM limit and fall back), x at an odd element
+    offset (no 16-byte loads), x rows with a padded stride, a bias."""
     try:
-        ops.force_gemv_rows(rows, warps)
+        ops.force_gemv_rows(rows, warps, groups)
         for n, kdim in ((1040, 96), (2049, 4021), (1040, 4500), (1024, 12000)):
             for k in (2, 3, 4, 5):
                 q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
