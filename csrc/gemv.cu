@@ -608,6 +608,11 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       // 80 registers, 3 per SM); at k = 4, 5 (104-128 registers, 2 per SM) it takes two waves.
       // Why k = 2 (4 per SM) prefers 16 x 4 is not understood.
       c = K_BITS == 2 ? RowsChoice{16, 4} : K_BITS == 3 ? RowsChoice{16, 8} : RowsChoice{32, 8};
+      // k = 2, 4 where 40-row CTAs fit one per SM and K is one round of 4 tiles per lane
+      // (KT <= 32): 5 groups of 8 rows on 10 warps (session 57, NOTES.md v67; H100 back-to-back,
+      // gateup: k = 4 5.18 -> 4.19 us (mma 4.9), k = 2 4.05 -> 3.67; k = 3 4.54 -> 5.07 and k = 5
+      // 5.62 -> 6.53 slower, not understood; 20 warps (4 per group) in between everywhere).
+      if ((K_BITS == 2 || K_BITS == 4) && ceil_div(N, 40) <= sms && KT <= 32) c = {8, 10, 5};
     } else if (ceil_div(N, 8) < 2 * sms) {
       // M = 2..4 (and M = 1 past 2 CTAs of 32 rows per SM: 16 x 4 below), from the H100 sweep of
       // NOTES.md v29, before the trigger after the wait: 8 x 8 where 16-row CTAs would be under
