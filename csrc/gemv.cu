@@ -192,6 +192,15 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
 // k = 4 with 16 rows per CTA, where padding made O (M = 1, 16 x 8) 0.6 us slower on the H100
 // (v66: 4.0 -> 4.6 us, same instruction mix, 80 -> 73 registers; not understood); those
 // kernels stay as before.
+// KBIT_GEMV_PROBE (timing probes only, wrong results; default 0): bit 0 drops the rows kernel's
+// decode (a block's words XORed into one product), bit 1 its read of x (constants staged).
+#ifndef KBIT_GEMV_PROBE
+#define KBIT_GEMV_PROBE 0
+#endif
+// KBIT_GEMV_U5_MIN_K (experiment, default 3): the smallest k that takes the M = 1 rounds of 5.
+#ifndef KBIT_GEMV_U5_MIN_K
+#define KBIT_GEMV_U5_MIN_K 3
+#endif
 template <int K_BITS>
 constexpr int x_pad(int rl) { return KBIT_GEMV_XPAD && !(K_BITS == 4 && rl == 16) ? 4 : 0; }
 template <int K_BITS>
@@ -474,7 +483,10 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
     }
     const T* src = x + m * ldx + c;
     float f[8];
-    if (vec_x && c + 8 <= K) {
+    if (KBIT_GEMV_PROBE & 2) {  // timing probe (wrong results): x not read
+#pragma unroll
+      for (int e = 0; e < 8; e++) f[e] = float(e);
+    } else if (vec_x && c + 8 <= K) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
       const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -521,8 +533,17 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
         for (int m = 0; m < M; m++) sum[m] = 0.f;
         // token m's float4 j of this block: xq + m * (row_len / 4) + 8h + j
         auto xquad = [&](int m, int j) { return xq[m * (row_len >> 2) + 8 * h + j]; };
+#if KBIT_GEMV_PROBE & 1
+        {  // timing probe (wrong results): no decode, the words and one x quad still used
+          uint32_t hw = tile[u].w[h][0];
+#pragma unroll
+          for (int b = 1; b < K_BITS; b++) hw ^= tile[u].w[h][b];
+          sum[0] = __uint_as_float((hw & 0x007fffffu) | 0x3f000000u) * xquad(0, 0).x + cb;
+        }
+#else
         if constexpr (kTabRows > 0) pair_products<M>(pr[h], xquad, sum);
         else block_dot<K_BITS, M>(tile[u].w[h], cb, xquad, sum);
+#endif
         const float scale = absmax_of_bits(tile[u].sbits[h], absmax_format);
 #pragma unroll
         for (int m = 0; m < M; m++) acc[m] = fmaf(sum[m], scale, acc[m]);
@@ -642,7 +663,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   // k = 4 5.9 -> 5.0, k = 5 6.4 -> 5.5; k = 2 +0.15, so not there). KBIT_GEMV_U5=0 keeps rounds
   // of 4 (A/Bs).
   static const bool u5_ok = env_int("KBIT_GEMV_U5", 1) != 0;
-  const bool u5 = M == 1 && K_BITS >= 3 && u5_ok && ceil_div(KT, int64_t(c.warps) * 2) == 5;
+  const bool u5 = M == 1 && K_BITS >= KBIT_GEMV_U5_MIN_K && u5_ok && ceil_div(KT, int64_t(c.warps) * 2) == 5;
   auto go_groups = [&](auto rl_tag, auto u_tag, auto gr_tag, auto wg_tag) {
     constexpr int RL = decltype(rl_tag)::value, U = decltype(u_tag)::value;
     constexpr int GR = decltype(gr_tag)::value, WG = decltype(wg_tag)::value;
@@ -682,7 +703,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   if (c.rl == 8) err = go(std::integral_constant<int, 8>{}, U4{});
   else if constexpr (M == 1) {
     if (c.rl == 16) {
-      if constexpr (K_BITS >= 3) {  // U = 5 is instantiated for k >= 3 only (u5 is false at k = 2)
+      if constexpr (K_BITS >= KBIT_GEMV_U5_MIN_K) {  // U = 5 is instantiated for k >= 3 only (u5 is false below)
         if (u5) err = go(std::integral_constant<int, 16>{}, std::integral_constant<int, 5>{});
         else err = go(std::integral_constant<int, 16>{}, U4{});
       } else {
