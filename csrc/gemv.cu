@@ -588,70 +588,72 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // gemv_tc2_kernel: M = 1, k = 2 with the products on tensor cores (session 58, experiment:
 // KBIT_GEMV_TC=1). The rows kernel spends ~13 instructions per 4 values at k = 2 after its PDL
 // wait (2 index shifts, 2 pair shuffles, 4 fp16 -> fp32 conversions, 4 FFMA, a quarter of an x
-// load); here one mma.sync.m16n8k16 per 4 values of a lane takes the 4 conversions and 4 FMAs:
-// A = x (its 16 rows all the same token: every row of D is the same), B = the weights (8 rows
-// x 16 k). Lane (g, c) = (lane / 4, lane % 4) holds row g of an 8-row group and k phase c:
-// its tile (both blocks, 64 values) decodes by pair shuffles (shuffle_table<2>'s pairs in T)
-// into B registers, each pair multiplied by its block scale (one packed multiply; E4M4 scales
-// are exact in fp16 and bf16, as in mma.cu), and MMA j of a block takes values 4j .. 4j + 3
-// (B rows 2c, 2c + 1: values 4j, 4j + 1; rows 2c + 8, 2c + 9: values 4j + 2, 4j + 3), with x
-// of the same 4 k (A columns 2c, 2c + 1, 2c + 8, 2c + 9) from the lane's own k-tile. So one MMA
-// adds 4 k-tiles' (the 4 phases') products of 8 rows; D's column n is row n's dot, lane (0, c)
-// holds rows 2c, 2c + 1. x is staged once per CTA in T with every pair twice (one 16-byte load
-// per MMA gives A's 4 registers; with the pairs once, ptxas spent 4 moves per MMA duplicating
-// them), k-tiles padded by 8 values so that the 4 phases' loads hit different banks. A CTA: GR groups of 8 rows x WG warps each
-// (WG * 4 phases per group), as the rows kernel's row groups; its work per lane and PDL order
-// are the rows kernel's. Precision: the weights enter the MMA as T (codebook x scale rounded
-// once to T, as mma.cu does), products and sums in fp32.
+// load); here one mma.sync.m16n8k16 per 8 values of a lane takes the conversions and FMAs.
+// A = 16 weight "rows": row g (< 8) is weight row g of an 8-row group at k-tile kt0, row g + 8
+// the same weight row at kt1 = kt0 + 4 (another phase). B = x: column 0 at kt0's k, column 1
+// at kt1's (columns 2..7 are whatever their lanes load and never read). So D[g][0] + D[g + 8][1]
+// is row g's sum over both k-tiles, and lane (g, 0) holds both (its D registers 0 and 3).
+// Lane (g, c) = (lane / 4, lane % 4) holds row g's tiles kt0 = phase c and kt1 = kt0 + 4 (both
+// blocks, 64 values each), decodes them by pair shuffles (shuffle_table<2>'s pairs in T) into
+// A registers, each pair times its block scale (one packed multiply; E4M4 scales are exact in
+// fp16 and bf16, as in mma.cu): MMA j of block h takes values 4j .. 4j + 3 of the block (A
+// columns 2c, 2c + 1: values 4j, 4j + 1; columns 2c + 8, 2c + 9: 4j + 2, 4j + 3) of both tiles,
+// and x of the same k from the lane's part g & 1 (one 8-byte load: B's 2 registers). x is staged
+// once per CTA in T, k-tiles padded by 4 values so that the 8 tiles a warp reads at once hit
+// different banks. A CTA: GR groups of 8 rows x WG warps each (8 phases per warp), as the rows
+// kernel's row groups; rounds of U units (2 tiles) per lane; PDL order as in the rows kernel.
+// Precision: the weights enter the MMA as T (codebook x scale rounded once to T, as mma.cu
+// does), products and sums in fp32.
 template <typename T, int GR, int WG, int U>
 __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
   extern __shared__ float4 rows_smem[];
-  constexpr int kTileLen = 128 + 8;  // T values per staged k-tile (its 64 in pairs twice, 8 of padding)
+  constexpr int kTileLen = 64 + 4;  // T values per staged k-tile (4 of padding)
   T* xs = reinterpret_cast<T*>(rows_smem);
   float* red = reinterpret_cast<float*>(xs + KT * kTileLen);  // GR * WG * 8 partial sums
-  constexpr int P = WG * 4;                                   // phases per row group
+  constexpr int P = WG * 8;                                   // phases per row group
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int group = warp / WG, wig = warp - group * WG;
   const int g = lane >> 2, c = lane & 3;
   const int64_t n = (int64_t(blockIdx.x) * GR + group) * 8 + g;
-  const int64_t phase = wig * 4 + c, warp_phase = wig * 4;
+  const int64_t warp_phase = wig * 8, phase0 = warp_phase + c;  // part p: phase0 + 4p
   const bool row_ok = n < N;
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
   // lane L: the pair (codebook[L & 3], codebook[(L >> 2) & 3]) in T (a 4-bit pair index's shuffle)
   const uint32_t table = Pair<T>::pack(__ldg(codebook + (lane & 3)), __ldg(codebook + ((lane >> 2) & 3)));
-  Tile<2> tile[U];
+  Tile<2> tile[U][2];
   auto load_round = [&](int64_t base) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      if (base + u * P >= KT) break;  // CTA-uniform: no warp has this slot
-      if (base + u * P + warp_phase >= KT) {  // no lane of this warp has it: zeros (scale 0)
+      if (base + u * P >= KT) break;  // CTA-uniform: no warp has this unit
+#pragma unroll
+      for (int p = 0; p < 2; p++) {
+        const int64_t kt = base + u * P + phase0 + 4 * p;
+        const bool ok = row_ok && kt < KT;
+        if (base + u * P + warp_phase + 4 * p >= KT) {  // no lane of this warp has it: zeros (scale 0)
+#pragma unroll
+          for (int h = 0; h < kTileBlocks; h++) {
+            tile[u][p].w[h][0] = tile[u][p].w[h][1] = 0u;
+            tile[u][p].sbits[h] = 0u;
+          }
+          continue;
+        }
+        const int64_t blk = ok ? (kt * N + n) * kTileBlocks : 0;
 #pragma unroll
         for (int h = 0; h < kTileBlocks; h++) {
-          tile[u].w[h][0] = tile[u].w[h][1] = 0u;
-          tile[u].sbits[h] = 0u;
+          load_words<2, true>(tile[u][p].w[h], packed + (blk + h) * 2);
+          tile[u][p].sbits[h] = load_absmax_bits_if<true>(absmax, absmax_format, blk + h, ok);
         }
-        continue;
-      }
-      const int64_t kt = base + u * P + phase;
-      const bool ok = row_ok && kt < KT;
-      const int64_t blk = ok ? (kt * N + n) * kTileBlocks : 0;
-#pragma unroll
-      for (int h = 0; h < kTileBlocks; h++) {
-        load_words<2, true>(tile[u].w[h], packed + (blk + h) * 2);
-        tile[u].sbits[h] = load_absmax_bits_if<true>(absmax, absmax_format, blk + h, ok);
       }
     }
   };
   load_round(0);
   if (early) pdl_wait();
   if (pdl == 2) pdl_trigger();
-  // x -> T in shared memory as the MMAs' A registers: quad q (values 4q .. 4q + 3, q = 0..15 in
-  // a k-tile) as 8 values (p0, p0, p1, p1), p0 = the pair 4q, 4q + 1, p1 = 4q + 2, 4q + 3, so that
-  // one 16-byte load gives an MMA's 4 A registers (rows g and g + 8 alike); zeros past K.
+  // x -> T in shared memory (k-tile t at t * kTileLen), 8 values per thread and step, zeros past K
   for (int64_t i = int64_t(threadIdx.x) * 8; i < KT * 64; i += int64_t(blockDim.x) * 8) {
     uint4 v;
     if (vec_x && i + 8 <= K) {
@@ -662,9 +664,9 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
       for (int j = 0; j < 8; j++) e[j] = i + j < K ? __ldg(reinterpret_cast<const unsigned short*>(x + i + j)) : 0u;
       v = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
     }
-    uint4* dst = reinterpret_cast<uint4*>(xs + (i >> 6) * kTileLen + (i & 63) * 2);
-    dst[0] = make_uint4(v.x, v.x, v.y, v.y);
-    dst[1] = make_uint4(v.z, v.z, v.w, v.w);
+    uint2* dst = reinterpret_cast<uint2*>(xs + (i >> 6) * kTileLen + (i & 63));  // 8-byte aligned
+    dst[0] = make_uint2(v.x, v.y);
+    dst[1] = make_uint2(v.z, v.w);
   }
   __syncthreads();
   float acc[U][4];
@@ -675,32 +677,40 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (base + u * P >= KT) break;  // CTA-uniform
-      const int64_t kt = base + u * P + phase;
-      const T* xt = xs + (kt < KT ? kt : 0) * kTileLen;
+      // B column g of the MMAs: x of this lane's part g & 1 (columns 0, 1 matter)
+      const int64_t ktx = base + u * P + phase0 + 4 * (g & 1);
+      const T* xq = xs + (ktx < KT ? ktx : 0) * kTileLen;
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
-        uint32_t t0 = tile[u].w[h][0], t1 = tile[u].w[h][1], t2 = 0u, t3 = 0u;
-        nibble_transpose(t0, t1, t2, t3);
-        // nibble j of pu (pv): the pair index of values 4j, 4j + 1 (4j + 2, 4j + 3)
-        const uint32_t pu = t0 | (t1 << 2), pv = t2 | (t3 << 2);
-        const float sf = absmax_of_bits(tile[u].sbits[h], absmax_format);
-        const uint32_t s2 = Pair<T>::pack(sf, sf);
+        uint32_t pu[2], pv[2], s2[2];
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+          uint32_t t0 = tile[u][p].w[h][0], t1 = tile[u][p].w[h][1], t2 = 0u, t3 = 0u;
+          nibble_transpose(t0, t1, t2, t3);
+          // nibble j of pu (pv): the pair index of values 4j, 4j + 1 (4j + 2, 4j + 3)
+          pu[p] = t0 | (t1 << 2);
+          pv[p] = t2 | (t3 << 2);
+          const float sf = absmax_of_bits(tile[u][p].sbits[h], absmax_format);
+          s2[p] = Pair<T>::pack(sf, sf);
+        }
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-          const uint4 xa = *reinterpret_cast<const uint4*>(xt + (8 * h + j) * 8);  // quad 8h + j
-          const uint32_t b0 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pu >> (4 * j))), s2);
-          const uint32_t b1 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pv >> (4 * j))), s2);
-          mma16816<T>(acc[u], xa.x, xa.y, xa.z, xa.w, b0, b1);
+          const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 4 * j);  // values 4j .. 4j + 3
+          const uint32_t a0 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pu[0] >> (4 * j))), s2[0]);
+          const uint32_t a1 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pu[1] >> (4 * j))), s2[1]);
+          const uint32_t a2 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pv[0] >> (4 * j))), s2[0]);
+          const uint32_t a3 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pv[1] >> (4 * j))), s2[1]);
+          mma16816<T>(acc[u], a0, a1, a2, a3, xb.x, xb.y);
         }
       }
     }
   }
   if (pdl == 1 || pdl == 3) pdl_trigger();
-  // D[.][2c], D[.][2c + 1]: rows 2c, 2c + 1 of the group, this warp's phases (every row of D alike)
-  float d0 = 0.f, d1 = 0.f;
+  // lane (g, 0): D[g][0] (kt0 parts) + D[g + 8][1] (kt1 parts) = row g over this warp's phases
+  float d = 0.f;
 #pragma unroll
-  for (int u = 0; u < U; u++) { d0 += acc[u][0]; d1 += acc[u][1]; }
-  if (lane < 4) { red[warp * 8 + 2 * c] = d0; red[warp * 8 + 2 * c + 1] = d1; }
+  for (int u = 0; u < U; u++) d += acc[u][0] + acc[u][3];
+  if (c == 0) red[warp * 8 + g] = d;
   __syncthreads();
   if (threadIdx.x < 8 * GR) {
     const int gg = threadIdx.x >> 3, r = threadIdx.x & 7;
@@ -772,14 +782,19 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
     }
   }
   // experiment (session 58, KBIT_GEMV_TC=1): k = 2 at M = 1 on tensor cores (gemv_tc2_kernel)
-  // with the rows kernel's CTA shape as 8-row groups: gateup 5 x 2 warps, Q 4 x 2, O and down
-  // 2 x 4, KV 1 x 8; other shapes keep the rows kernel.
+  // with the rows kernel's CTA as 8-row groups: gateup 5 groups x 2 warps, Q 4 x 2, O 2 x 4, down
+  // 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4 (32 k-tiles: one unit per lane);
+  // other choices keep the rows kernel.
   if constexpr (M == 1 && K_BITS == 2) {
     static const bool tc_on = env_int("KBIT_GEMV_TC", 0) != 0;
-    const int gr = c.rl * c.groups / 8, wg = gr > 0 ? c.warps / gr : 0;
-    const int64_t tc_smem = KT * (128 + 8) * 2 + int64_t(gr) * wg * 8 * 4;
-    if (tc_on && gr * wg == c.warps && tc_smem <= 48 * 1024) {
-      const bool u5 = ceil_div(KT, int64_t(wg) * 4) == 5;
+    const int gr = c.rl * c.groups / 8;
+    int wg = gr > 0 ? c.warps / gr : 0;
+    if (gr * wg != c.warps) wg = 0;
+    if (gr == 2 && wg == 4 && KT % 32 != 0 && KT % 40 == 0) wg = 5;
+    if (gr == 1 && KT <= 32) wg = 4;
+    const int64_t units = wg > 0 ? ceil_div(KT, int64_t(wg) * 8) : 0;  // 2-tile units per lane
+    const int64_t tc_smem = KT * (64 + 4) * 2 + int64_t(gr) * wg * 8 * 4;
+    if (tc_on && wg > 0 && tc_smem <= 48 * 1024) {
       auto go_tc = [&](auto gr_tag, auto wg_tag, auto u_tag) {
         constexpr int GR = decltype(gr_tag)::value, WG = decltype(wg_tag)::value, U = decltype(u_tag)::value;
         cudaLaunchConfig_t cfg = {};
@@ -796,14 +811,19 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       };
       using I1 = std::integral_constant<int, 1>;
       using I2 = std::integral_constant<int, 2>;
+      using I3 = std::integral_constant<int, 3>;
       using I4 = std::integral_constant<int, 4>;
       using I5 = std::integral_constant<int, 5>;
       using I8 = std::integral_constant<int, 8>;
-      auto go_u = [&](auto gr_tag, auto wg_tag) { return u5 ? go_tc(gr_tag, wg_tag, I5{}) : go_tc(gr_tag, wg_tag, I4{}); };
+      auto go_u = [&](auto gr_tag, auto wg_tag) {
+        return units <= 1 ? go_tc(gr_tag, wg_tag, I1{}) : units == 2 ? go_tc(gr_tag, wg_tag, I2{}) : go_tc(gr_tag, wg_tag, I3{});
+      };
       bool done = true;
       if (gr == 5 && wg == 2) err = go_u(I5{}, I2{});
       else if (gr == 4 && wg == 2) err = go_u(I4{}, I2{});
       else if (gr == 2 && wg == 4) err = go_u(I2{}, I4{});
+      else if (gr == 2 && wg == 5) err = go_u(I2{}, I5{});
+      else if (gr == 1 && wg == 4) err = go_u(I1{}, I4{});
       else if (gr == 1 && wg == 8) err = go_u(I1{}, I8{});
       else done = false;
       if (done) return true;
