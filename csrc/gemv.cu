@@ -586,22 +586,27 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 }
 
 // gemv_tc2_kernel: M = 1, k = 2 with the products on tensor cores (session 58, experiment:
-// KBIT_GEMV_TC=1). The rows kernel spends ~13 instructions per 4 values at k = 2 after its PDL
-// wait (2 index shifts, 2 pair shuffles, 4 fp16 -> fp32 conversions, 4 FFMA, a quarter of an x
-// load); here one mma.sync.m16n8k16 per 8 values of a lane takes the conversions and FMAs.
-// A = 16 weight "rows": row g (< 8) is weight row g of an 8-row group at k-tile kt0, row g + 8
-// the same weight row at kt1 = kt0 + 4 (another phase). B = x: column 0 at kt0's k, column 1
-// at kt1's (columns 2..7 are whatever their lanes load and never read). So D[g][0] + D[g + 8][1]
-// is row g's sum over both k-tiles, and lane (g, 0) holds both (its D registers 0 and 3).
-// Lane (g, c) = (lane / 4, lane % 4) holds row g's tiles kt0 = phase c and kt1 = kt0 + 4 (both
-// blocks, 64 values each), decodes them by pair shuffles (shuffle_table<2>'s pairs in T) into
-// A registers, each pair times its block scale (one packed multiply; E4M4 scales are exact in
-// fp16 and bf16, as in mma.cu): MMA j of block h takes values 4j .. 4j + 3 of the block (A
-// columns 2c, 2c + 1: values 4j, 4j + 1; columns 2c + 8, 2c + 9: 4j + 2, 4j + 3) of both tiles,
-// and x of the same k from the lane's part g & 1 (one 8-byte load: B's 2 registers). x is staged
-// once per CTA in T, k-tiles padded by 4 values so that the 8 tiles a warp reads at once hit
-// different banks. A CTA: GR groups of 8 rows x WG warps each (8 phases per warp), as the rows
-// kernel's row groups; rounds of U units (2 tiles) per lane; PDL order as in the rows kernel.
+// KBIT_GEMV_TC=1). Why: the rows kernel's decode costs ~1.1 us of every M = 1 call (H100,
+// NOTES.md v68: the same kernel without its decode is 1.1-1.4 us faster per shape), and its
+// first tensor-core form (pair shuffles into MMA registers, 30% fewer instructions) was no
+// faster: both issue one shuffle per 2 values through the SM's MIO. Here the codebook lookup is
+// a byte permute (prmt) on the integer pipe: the 4 fp16 / bf16 entries, times the block scale
+// (2 packed multiplies per block), sit in 2 registers, and one prmt whose selector nibbles are
+// (2i, 2i + 1, 2j, 2j + 1) returns entries i and j as a pair. The selectors of 4 values come
+// from one AND of the transposed index nibbles (byte b: the index i of value 8b + r) and one
+// multiply-add (i * 0x22 + 0x10 per byte), so a pair costs ~2.5 integer instructions and no
+// shuffle. One mma.sync.m16n8k16 per 8 values of a lane takes the products: A = 16 weight
+// "rows": row g (< 8) is weight row g of an 8-row group at k-tile kt0, row g + 8 the same weight
+// row at kt1 = kt0 + 4 (another phase); B = x: column 0 at kt0's k, column 1 at kt1's (columns
+// 2..7 are whatever their lanes load and never read). So D[g][0] + D[g + 8][1] is row g's sum
+// over both k-tiles, and lane (g, 0) holds both (its D registers 0 and 3). Lane (g, c) = (lane /
+// 4, lane % 4) holds row g's tiles kt0 = phase c and kt1 = kt0 + 4 (both blocks, 64 values
+// each); MMA o (0..7) of block h takes values o, 8 + o, 16 + o, 24 + o of the block from both
+// tiles, and x of the same k from the lane's part g & 1: x is staged once per CTA in T with each
+// block permuted (position 4o + q holds value 8q + o, so one 8-byte load gives B's 2 registers)
+// and k-tiles padded by 4 values, so that the 8 tiles a warp reads at once hit different
+// banks. A CTA: GR groups of 8 rows x WG warps each (8 phases per warp), as the rows kernel's
+// row groups; rounds of U units (2 tiles) per lane; PDL order as in the rows kernel.
 // Precision: the weights enter the MMA as T (codebook x scale rounded once to T, as mma.cu
 // does), products and sums in fp32.
 template <typename T, int GR, int WG, int U>
@@ -622,8 +627,9 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
   const bool row_ok = n < N;
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
-  // lane L: the pair (codebook[L & 3], codebook[(L >> 2) & 3]) in T (a 4-bit pair index's shuffle)
-  const uint32_t table = Pair<T>::pack(__ldg(codebook + (lane & 3)), __ldg(codebook + ((lane >> 2) & 3)));
+  // the codebook as 4 T values in 2 registers (entries 0, 1 and 2, 3): bytes 0..7 of a prmt
+  const uint32_t cb_lo = Pair<T>::pack(__ldg(codebook), __ldg(codebook + 1));
+  const uint32_t cb_hi = Pair<T>::pack(__ldg(codebook + 2), __ldg(codebook + 3));
   Tile<2> tile[U][2];
   auto load_round = [&](int64_t base) {
 #pragma unroll
@@ -664,9 +670,11 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
       for (int j = 0; j < 8; j++) e[j] = i + j < K ? __ldg(reinterpret_cast<const unsigned short*>(x + i + j)) : 0u;
       v = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
     }
-    uint2* dst = reinterpret_cast<uint2*>(xs + (i >> 6) * kTileLen + (i & 63));  // 8-byte aligned
-    dst[0] = make_uint2(v.x, v.y);
-    dst[1] = make_uint2(v.z, v.w);
+    // values 8q + o (o = 0..7) of block (i & 63) / 32 to positions 4o + q of its staged block
+    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+    unsigned short* dst = reinterpret_cast<unsigned short*>(xs + (i >> 6) * kTileLen + (i & 32)) + ((i & 31) >> 3);
+#pragma unroll
+    for (int o = 0; o < 8; o++) dst[4 * o] = (unsigned short)(wv[o >> 1] >> (16 * (o & 1)));
   }
   __syncthreads();
   float acc[U][4];
@@ -682,25 +690,33 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
       const T* xq = xs + (ktx < KT ? ktx : 0) * kTileLen;
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
-        uint32_t pu[2], pv[2], s2[2];
+        uint32_t ev[2][4], od[2][4], lo[2], hi[2];  // per tile: index bytes of values 8b + r (ev), 8b + 4 + r (od)
 #pragma unroll
         for (int p = 0; p < 2; p++) {
-          uint32_t t0 = tile[u][p].w[h][0], t1 = tile[u][p].w[h][1], t2 = 0u, t3 = 0u;
-          nibble_transpose(t0, t1, t2, t3);
-          // nibble j of pu (pv): the pair index of values 4j, 4j + 1 (4j + 2, 4j + 3)
-          pu[p] = t0 | (t1 << 2);
-          pv[p] = t2 | (t3 << 2);
+          uint32_t t[4] = {tile[u][p].w[h][0], tile[u][p].w[h][1], 0u, 0u};
+          nibble_transpose(t[0], t[1], t[2], t[3]);  // nibble j of t[r]: the index of value 4j + r
+#pragma unroll
+          for (int r = 0; r < 4; r++) {
+            ev[p][r] = t[r] & 0x0f0f0f0fu;
+            od[p][r] = (t[r] >> 4) & 0x0f0f0f0fu;
+          }
           const float sf = absmax_of_bits(tile[u][p].sbits[h], absmax_format);
-          s2[p] = Pair<T>::pack(sf, sf);
+          const uint32_t s2 = Pair<T>::pack(sf, sf);
+          lo[p] = mul2<T>(cb_lo, s2);
+          hi[p] = mul2<T>(cb_hi, s2);
         }
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-          const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 4 * j);  // values 4j .. 4j + 3
-          const uint32_t a0 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pu[0] >> (4 * j))), s2[0]);
-          const uint32_t a1 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pu[1] >> (4 * j))), s2[1]);
-          const uint32_t a2 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pv[0] >> (4 * j))), s2[0]);
-          const uint32_t a3 = mul2<T>(__shfl_sync(0xffffffffu, table, int(pv[1] >> (4 * j))), s2[1]);
-          mma16816<T>(acc[u], a0, a1, a2, a3, xb.x, xb.y);
+        for (int o = 0; o < 8; o++) {  // values o, 8 + o, 16 + o, 24 + o of the block
+          const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 4 * o);
+          uint32_t a[4];
+#pragma unroll
+          for (int p = 0; p < 2; p++) {
+            // byte b: (2i, 2i + 1) as nibbles, i the index of value 8b + o
+            const uint32_t sel = (o < 4 ? ev[p][o] : od[p][o - 4]) * 0x22u + 0x10101010u;
+            a[p] = __byte_perm(lo[p], hi[p], sel);            // values o, 8 + o (row g / g + 8)
+            a[p + 2] = __byte_perm(lo[p], hi[p], sel >> 16);  // values 16 + o, 24 + o
+          }
+          mma16816<T>(acc[u], a[0], a[1], a[2], a[3], xb.x, xb.y);
         }
       }
     }
@@ -781,7 +797,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
     }
   }
-  // experiment (session 58, KBIT_GEMV_TC=1): k = 2 at M = 1 on tensor cores (gemv_tc2_kernel)
+  // experiment (session 58, KBIT_GEMV_TC=1): k = 2 at M = 1 on tensor cores with prmt lookups (gemv_tc2_kernel)
   // with the rows kernel's CTA as 8-row groups: gateup 5 groups x 2 warps, Q 4 x 2, O 2 x 4, down
   // 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4 (32 k-tiles: one unit per lane);
   // other choices keep the rows kernel.
