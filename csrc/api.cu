@@ -1,7 +1,7 @@
 // Library-wide entry points of the C interface (kbit.h).
 #include "common.cuh"
 
-extern "C" int kbit_abi_version(void) { return 12; }
+extern "C" int kbit_abi_version(void) { return 13; }
 
 extern "C" const char* kbit_error_string(int err) {
   return cudaGetErrorString(static_cast<cudaError_t>(err));

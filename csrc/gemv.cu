@@ -198,6 +198,10 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
 #ifndef KBIT_GEMV_PROBE
 #define KBIT_GEMV_PROBE 0
 #endif
+// KBIT_GEMV_TC_DEFAULT: whether k = 2 at M = 1 takes gemv_tc2_kernel unless KBIT_GEMV_TC says.
+#ifndef KBIT_GEMV_TC_DEFAULT
+#define KBIT_GEMV_TC_DEFAULT 0
+#endif
 // KBIT_GEMV_U5_MIN_K (experiment, default 3): the smallest k that takes the M = 1 rounds of 5.
 #ifndef KBIT_GEMV_U5_MIN_K
 #define KBIT_GEMV_U5_MIN_K 3
@@ -743,6 +747,12 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
 struct RowsChoice {
   int rl = 0, warps = 0, groups = 1;
 };
+// gemv_tc2_kernel at M = 1, k = 2 where it applies: 1 = on, 0 = off, from KBIT_GEMV_TC (default
+// on); kbit_gemv_force_tc sets it (tests, experiments).
+inline int& tc_mode() {
+  static int v = env_int("KBIT_GEMV_TC", KBIT_GEMV_TC_DEFAULT);
+  return v;
+}
 inline RowsChoice& forced_rows() {
   static RowsChoice v = [] {
     RowsChoice c;
@@ -802,7 +812,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   // 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4 (32 k-tiles: one unit per lane);
   // other choices keep the rows kernel.
   if constexpr (M == 1 && K_BITS == 2) {
-    static const bool tc_on = env_int("KBIT_GEMV_TC", 0) != 0;
+    const bool tc_on = tc_mode() != 0;
     const int gr = c.rl * c.groups / 8;
     int wg = gr > 0 ? c.warps / gr : 0;
     if (gr * wg != c.warps) wg = 0;
@@ -988,6 +998,8 @@ cudaError_t launch_k(int k, int m, int device, cudaStream_t s, const void* x, in
 extern "C" void kbit_gemv_force_rows(int rows, int warps, int groups) {
   kbit::forced_rows() = {rows, warps, groups};
 }
+
+extern "C" void kbit_gemv_force_tc(int on) { kbit::tc_mode() = on < 0 ? KBIT_GEMV_TC_DEFAULT : on; }
 
 extern "C" int kbit_gemv(int device, void* stream, const void* x, int dtype, int64_t M,
                          int64_t ldx, const int32_t* packed, const void* absmax,

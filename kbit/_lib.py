@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 12
+ABI_VERSION = 13
 F32, F16, BF16 = 0, 1, 2
 DTYPE_CODES = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 ABSMAX_CODES = {"e4m4": 0, "fp16": 1, "fp32": 2}
@@ -70,6 +70,7 @@ _SIGNATURES = {
     "kbit_mma_ksplit": ([_c_int, _c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], _c_int),
     "kbit_mma_force_ksplit": ([_c_int], None),
     "kbit_gemv_force_rows": ([_c_int, _c_int, _c_int], None),
+    "kbit_gemv_force_tc": ([_c_int], None),
     "kbit_repack": (
         [_c_int, _c_p, _c_p, _c_p, _c_int, _c_int, _c_i64, _c_i64, _c_int, _c_int, _c_p, _c_p],
         _c_int,

@@ -521,6 +521,14 @@ def force_gemv_rows(rows: int, warps: int = 0, groups: int = 1) -> None:
         _lib._lib.kbit_gemv_force_rows(int(rows), int(warps), int(groups))
 
 
+def force_gemv_tc(on: int) -> None:
+    """Tests and experiments: the M = 1, k = 2 scalar GEMV on tensor cores (gemv_tc2_kernel,
+    csrc/gemv.cu) wherever it applies (1), never (0: the coalesced rows kernel), or the
+    library's default (-1)."""
+    if _lib.available():
+        _lib._lib.kbit_gemv_force_tc(int(on))
+
+
 def _check_small_m(name, max_m, x, packed, absmax, codebook, n, kdim, absmax_exponent, bias):
     _check_tensor("x", x, ACT_DTYPES)
     if x.dim() != 2 or x.shape[1] != kdim:

@@ -106,6 +106,37 @@ def test_gemv_rows_configs(device, rows, warps, groups, rng):
 
 
 @pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
+@pytest.mark.parametrize("tc", [1, 0])
+def test_gemv_m1_k2_forms(device, tc, rng):
+    """M = 1, k = 2, forced: the tensor-core GEMV (gemv_tc2_kernel: codebook x block scale by
+    byte permutes, products by MMAs; tc = 1) and the rows kernel (tc = 0), on the CTA forms of
+    the dense model shapes (5 x 2, 4 x 2, 2 x 4, 2 x 5 warps of 8-row groups) and odd shapes,
+    fp16 and bf16, the three absmax formats, a bias, x at an odd offset (no 16-byte loads),
+    NaN-poisoned outputs. The tensor-core form rounds each codebook value x block scale once to
+    the activation dtype before fp32 MMAs (as mma.cu): the bounds of test_mma_small_m."""
+    shapes = [(5120, 2048), (2048, 5120), (4096, 2048), (2048, 4096), (512, 2048), (200, 4128), (2049, 4021),
+              (64, 40)]
+    try:
+        ops.force_gemv_tc(tc)
+        for n, kdim in shapes:
+            w = random_weight(n, kdim, gen=rng, device=device, spread=0.5)
+            for fmt in ("e4m4", "fp16", "fp32"):
+                q = kbit.repack(kbit.quantize(w, k=2, absmax_format=fmt))
+                for dtype in (torch.float16, torch.bfloat16):
+                    xs = torch.randn(1, kdim + 1, generator=rng).to(dtype).to(device)
+                    for x in (xs[:, :kdim], xs[:, 1:]):
+                        # a bias, except on the short dot products (K <= 64: checked element-wise)
+                        bias = torch.randn(n, generator=rng).to(dtype).to(device) if kdim > 64 else None
+                        out = torch.full((1, n), float("nan"), dtype=dtype, device=device)
+                        ops.gemv_out(x, q.packed, q.absmax, q.codebook, n, kdim, q.absmax_exponent, bias, out)
+                        err = _rel_err(out.cpu(), _reference(x, q, bias))
+                        assert err <= TOL[dtype] or (bias is None and _within_rounding(out, x, q, dtype)), (
+                            n, kdim, fmt, dtype, x.data_ptr() % 16, err)
+    finally:
+        ops.force_gemv_tc(-1)
+
+
+@pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
 @pytest.mark.parametrize("name", ["gemv", "mma"])
 def test_small_m_misaligned_weights(device, name, rng):
     """Weights viewed 4 bytes off a 16-byte boundary (kbit never makes such views) give the
