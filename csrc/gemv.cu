@@ -174,6 +174,36 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
   }
 }
 
+// block_dot for k = 2 without shuffles (KBIT_GEMV_K2_PRMT): the codebook as 4 fp16 values in
+// 2 registers (lo: entries 0, 1; hi: 2, 3), one prmt per 2 values with selector nibbles (2i,
+// 2i + 1, 2j, 2j + 1) for entries i, j; the selectors of 4 values (byte b: the index of value
+// 8b + o) from one AND of the transposed index nibbles and one multiply-add (i * 0x22 + 0x10
+// per byte). xq(m, o) must give token m's values o, 8 + o, 16 + o, 24 + o (the rows kernel
+// stages x permuted so for this form).
+template <int M, typename XQuad>
+__device__ __forceinline__ void block_dot_prmt(const uint32_t (&w)[2], uint32_t lo, uint32_t hi, XQuad&& xq,
+                                               float (&sum)[M]) {
+  uint32_t t0 = w[0], t1 = w[1], t2 = 0u, t3 = 0u;
+  nibble_transpose(t0, t1, t2, t3);
+  const uint32_t t[4] = {t0, t1, t2, t3};  // nibble j of t[r]: the index of value 4j + r
+#pragma unroll
+  for (int o = 0; o < 8; o++) {
+    const uint32_t y = o < 4 ? (t[o & 3] & 0x0f0f0f0fu) : ((t[o & 3] >> 4) & 0x0f0f0f0fu);
+    const uint32_t sel = y * 0x22u + 0x10101010u;
+    const uint32_t p0 = __byte_perm(lo, hi, sel), p1 = __byte_perm(lo, hi, sel >> 16);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&p0));  // values o, 8 + o
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&p1));  // values 16 + o, 24 + o
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      const float4 xv = xq(m, o);
+      sum[m] = fmaf(a.x, xv.x, sum[m]);
+      sum[m] = fmaf(a.y, xv.y, sum[m]);
+      sum[m] = fmaf(b.x, xv.z, sum[m]);
+      sum[m] = fmaf(b.y, xv.w, sum[m]);
+    }
+  }
+}
+
 // KBIT_GEMV_XPAD (default on since session 56) pads each k-tile of the rows kernel's staged x
 // by 4 floats, so that the 2 or 4 k-tiles a warp reads at once (RL = 16 / 8) sit in different
 // banks (unpadded: 2- / 4-way conflicts on every x load). H100, M = 1 Scalar (NOTES.md v66):
@@ -201,6 +231,14 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
 // KBIT_GEMV_TC_DEFAULT: whether k = 2 at M = 1 takes gemv_tc2_kernel unless KBIT_GEMV_TC says.
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
+#endif
+// KBIT_GEMV_K2_PRMT (experiment, default 0; session 58): the rows kernel's k = 2 decode by byte
+// permutes instead of pair shuffles (block_dot_prmt), its staged x permuted to match. Why: the
+// decode after the PDL wait is 1.1-1.5 us of every M = 1 call (NOTES.md v68) and both its
+// forms so far issue one shuffle per 2 values through the SM's MIO; a prmt runs on the integer
+// pipe. Not yet measured.
+#ifndef KBIT_GEMV_K2_PRMT
+#define KBIT_GEMV_K2_PRMT 0
 #endif
 // KBIT_GEMV_U5_MIN_K (experiment, default 3): the smallest k that takes the M = 1 rounds of 5.
 #ifndef KBIT_GEMV_U5_MIN_K
@@ -423,6 +461,14 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
   const float cb = pair_table_on<K_BITS>() ? 0.f : shuffle_table<K_BITS>(codebook, lane);  // the shuffles' table
+  constexpr bool kPrmt = KBIT_GEMV_K2_PRMT && K_BITS == 2;  // block_dot_prmt's codebook registers
+  uint32_t cb_lo = 0u, cb_hi = 0u;
+  if constexpr (kPrmt) {
+    const __half2 l = __floats2half2_rn(__ldg(codebook), __ldg(codebook + 1));
+    const __half2 u = __floats2half2_rn(__ldg(codebook + 2), __ldg(codebook + 3));
+    cb_lo = *reinterpret_cast<const uint32_t*>(&l);
+    cb_hi = *reinterpret_cast<const uint32_t*>(&u);
+  }
   // the pair table's row threadIdx.x (built after the first tiles are requested), requested here
   constexpr int kCbMask = (1 << K_BITS) - 1;
   auto pair_row = [&](int e) {
@@ -501,8 +547,15 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
       for (int e = 0; e < 8; e++) f[e] = c + e < K ? to_float(src[e]) : 0.f;
     }
     float* dst = kXPad ? xs + m * row_len + c + (c >> 6) * kXPad : xs + i;
-    reinterpret_cast<float4*>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
+    if constexpr (kPrmt) {  // value 8q + o of a 32-value block at position 4o + q (block_dot_prmt)
+      float* blk = dst - (c & 31);
+      const int q = int(c & 31) >> 3;
+#pragma unroll
+      for (int o = 0; o < 8; o++) blk[4 * o + q] = f[o];
+    } else {
+      reinterpret_cast<float4*>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
+      reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
   }
   __syncthreads();
   // the shared address of the pair table's word `lane` (k = 3, 4), taken after the barrier
@@ -547,6 +600,7 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
         }
 #else
         if constexpr (kTabRows > 0) pair_products<M>(pr[h], xquad, sum);
+        else if constexpr (kPrmt) block_dot_prmt<M>(tile[u].w[h], cb_lo, cb_hi, xquad, sum);
         else block_dot<K_BITS, M>(tile[u].w[h], cb, xquad, sum);
 #endif
         const float scale = absmax_of_bits(tile[u].sbits[h], absmax_format);
