@@ -174,6 +174,15 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
   }
 }
 
+// Bytes of (hi:lo) picked by the 4 selector nibbles of sel[15:0] (prmt.b32, default mode). The
+// codebook lookups below pass nibbles 0..7 only (bit 3, sign replication, clear), so the
+// nibble masks that __byte_perm's C semantics cost (one LOP3 per call in SASS) are not needed.
+__device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sel));
+  return d;
+}
+
 // block_dot for k = 2 without shuffles (KBIT_GEMV_K2_PRMT): the codebook as 4 fp16 values in
 // 2 registers (lo: entries 0, 1; hi: 2, 3), one prmt per 2 values with selector nibbles (2i,
 // 2i + 1, 2j, 2j + 1) for entries i, j; the selectors of 4 values (byte b: the index of value
@@ -190,7 +199,7 @@ __device__ __forceinline__ void block_dot_prmt(const uint32_t (&w)[2], uint32_t 
   for (int o = 0; o < 8; o++) {
     const uint32_t y = o < 4 ? (t[o & 3] & 0x0f0f0f0fu) : ((t[o & 3] >> 4) & 0x0f0f0f0fu);
     const uint32_t sel = y * 0x22u + 0x10101010u;
-    const uint32_t p0 = __byte_perm(lo, hi, sel), p1 = __byte_perm(lo, hi, sel >> 16);
+    const uint32_t p0 = prmt(lo, hi, sel), p1 = prmt(lo, hi, sel >> 16);
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&p0));  // values o, 8 + o
     const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&p1));  // values 16 + o, 24 + o
 #pragma unroll
@@ -771,8 +780,8 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
           for (int p = 0; p < 2; p++) {
             // byte b: (2i, 2i + 1) as nibbles, i the index of value 8b + o
             const uint32_t sel = (o < 4 ? ev[p][o] : od[p][o - 4]) * 0x22u + 0x10101010u;
-            a[p] = __byte_perm(lo[p], hi[p], sel);            // values o, 8 + o (row g / g + 8)
-            a[p + 2] = __byte_perm(lo[p], hi[p], sel >> 16);  // values 16 + o, 24 + o
+            a[p] = prmt(lo[p], hi[p], sel);            // values o, 8 + o (row g / g + 8)
+            a[p + 2] = prmt(lo[p], hi[p], sel >> 16);  // values 16 + o, 24 + o
           }
           mma16816<T>(acc[u], a[0], a[1], a[2], a[3], xb.x, xb.y);
         }
