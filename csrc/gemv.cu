@@ -675,7 +675,10 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // banks. A CTA: GR groups of 8 rows x WG warps each (8 phases per warp), as the rows kernel's
 // row groups; rounds of U units (2 tiles) per lane; PDL order as in the rows kernel.
 // Precision: the weights enter the MMA as T (codebook x scale rounded once to T, as mma.cu
-// does), products and sums in fp32.
+// does), products and sums in fp32. Range: E4M4 scales (<= 31; the per-tensor power of two is
+// applied to the fp32 sum) cannot overflow T; fp16 / fp32 absmax formats with block scales
+// outside fp16's range would, with fp16 activations, as in mma.cu (to decide before this
+// becomes a default: restrict it to E4M4 or bf16 there).
 template <typename T, int GR, int WG, int U>
 __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
