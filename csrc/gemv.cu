@@ -819,6 +819,17 @@ inline int& tc_mode() {
   static int v = env_int("KBIT_GEMV_TC", KBIT_GEMV_TC_DEFAULT);
   return v;
 }
+// The pdl argument of the rows and tensor-core kernels: 0 = launched without PDL; 1 = wait at
+// entry; 2 (stable weights): the codebook and the first tiles before the PDL wait, the trigger
+// right after it; 3: the same loads, the trigger after the main loop. The environment variables
+// KBIT_GEMV_EARLY=0 (pdl 1) and KBIT_GEMV_EARLY_TRIGGER=0 (pdl 3) are for A/Bs.
+template <auto kernel>
+int rows_pdl_mode(int device, bool stable) {
+  static const bool early_ok = env_int("KBIT_GEMV_EARLY", 1) != 0;
+  static const bool early_trigger = env_int("KBIT_GEMV_EARLY_TRIGGER", 1) != 0;
+  return pdl_for<kernel>(device) > 0 ? (stable && early_ok ? (early_trigger ? 2 : 3) : 1) : 0;
+}
+
 inline RowsChoice& forced_rows() {
   static RowsChoice v = [] {
     RowsChoice c;
@@ -895,9 +906,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
         cfg.dynamicSmemBytes = size_t(tc_smem);
         cfg.stream = s;
         constexpr auto kernel = gemv_tc2_kernel<T, GR, WG, U>;
-        static const bool early_ok = env_int("KBIT_GEMV_EARLY", 1) != 0;
-        static const bool early_trigger = env_int("KBIT_GEMV_EARLY_TRIGGER", 1) != 0;
-        const int pdl = pdl_for<kernel>(device) > 0 ? (stable && early_ok ? (early_trigger ? 2 : 3) : 1) : 0;
+        const int pdl = rows_pdl_mode<kernel>(device, stable);
         return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias,
                              out, ldo, pdl);
       };
@@ -955,12 +964,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       const cudaError_t e = smem_optin<kernel>(device, int(limit));
       if (e != cudaSuccess) return e;
     }
-    // 2: the codebook and the first tiles before the PDL wait, the trigger right after it
-    // (stable weights); 3: the same loads, the trigger after the main loop. The environment
-    // variables KBIT_GEMV_EARLY=0 (pdl 1) and KBIT_GEMV_EARLY_TRIGGER=0 (pdl 3) are for A/Bs.
-    static const bool early_ok = env_int("KBIT_GEMV_EARLY", 1) != 0;
-    static const bool early_trigger = env_int("KBIT_GEMV_EARLY_TRIGGER", 1) != 0;
-    const int pdl = pdl_for<kernel>(device) > 0 ? (stable && early_ok ? (early_trigger ? 2 : 3) : 1) : 0;
+    const int pdl = rows_pdl_mode<kernel>(device, stable);
     return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias, out,
                          ldo, pdl);
   };
