@@ -676,9 +676,8 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // row groups; rounds of U units (2 tiles) per lane; PDL order as in the rows kernel.
 // Precision: the weights enter the MMA as T (codebook x scale rounded once to T, as mma.cu
 // does), products and sums in fp32. Range: E4M4 scales (<= 31; the per-tensor power of two is
-// applied to the fp32 sum) cannot overflow T; fp16 / fp32 absmax formats with block scales
-// outside fp16's range would, with fp16 activations, as in mma.cu (to decide before this
-// becomes a default: restrict it to E4M4 or bf16 there).
+// applied to the fp32 sum) cannot overflow T; fp32 absmax scales outside fp16's range would, with
+// fp16 activations (as in mma.cu), so launch_rows takes this kernel for E4M4 scales only.
 template <typename T, int GR, int WG, int U>
 __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
@@ -887,9 +886,11 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   // experiment (session 58, KBIT_GEMV_TC=1): k = 2 at M = 1 on tensor cores with prmt lookups (gemv_tc2_kernel)
   // with the rows kernel's CTA as 8-row groups: gateup 5 groups x 2 warps, Q 4 x 2, O 2 x 4, down
   // 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4 (32 k-tiles: one unit per lane);
-  // other choices keep the rows kernel.
+  // other choices keep the rows kernel. E4M4 scales only: codebook x scale is rounded to T, and
+  // fp32 absmax scales can fall outside fp16's range (see gemv_tc2_kernel); the rows kernel keeps
+  // the fp16 / fp32 formats.
   if constexpr (M == 1 && K_BITS == 2) {
-    const bool tc_on = tc_mode() != 0;
+    const bool tc_on = tc_mode() != 0 && fmt == KBIT_ABSMAX_E4M4;
     const int gr = c.rl * c.groups / 8;
     int wg = gr > 0 ? c.warps / gr : 0;
     if (gr * wg != c.warps) wg = 0;

@@ -111,9 +111,12 @@ def test_gemv_m1_k2_forms(device, tc, rng):
     """M = 1, k = 2, forced: the tensor-core GEMV (gemv_tc2_kernel: codebook x block scale by
     byte permutes, products by MMAs; tc = 1) and the rows kernel (tc = 0), on the CTA forms of
     the dense model shapes (5 x 2, 4 x 2, 2 x 4, 2 x 5 warps of 8-row groups) and odd shapes,
-    fp16 and bf16, the three absmax formats, a bias, x at an odd offset (no 16-byte loads),
-    NaN-poisoned outputs. The tensor-core form rounds each codebook value x block scale once to
-    the activation dtype before fp32 MMAs (as mma.cu): the bounds of test_mma_small_m."""
+    fp16 and bf16, the three absmax formats (the tensor-core form takes E4M4 only; fp16 / fp32
+    scales go to the rows kernel), a bias, x at an odd offset (no 16-byte loads), NaN-poisoned
+    outputs; and fp32 scales past fp16's range with fp16 x, whose codebook x scale products the
+    tensor-core form could not hold. The tensor-core form rounds each codebook value x block
+    scale once to the activation dtype before fp32 MMAs (as mma.cu): the bounds of
+    test_mma_small_m."""
     shapes = [(5120, 2048), (2048, 5120), (4096, 2048), (2048, 4096), (512, 2048), (200, 4128), (2049, 4021),
               (64, 40)]
     try:
@@ -132,6 +135,15 @@ def test_gemv_m1_k2_forms(device, tc, rng):
                         err = _rel_err(out.cpu(), _reference(x, q, bias))
                         assert err <= TOL[dtype] or (bias is None and _within_rounding(out, x, q, dtype)), (
                             n, kdim, fmt, dtype, x.data_ptr() % 16, err)
+        # block scales ~2e4..7e5 (fp32 absmax; fp16's largest is 65504) with small fp16 x
+        w = random_weight(512, 2048, gen=rng, device=device, spread=1.0) * 3e5
+        q = kbit.repack(kbit.quantize(w, k=2, absmax_format="fp32"))
+        x = (torch.randn(1, 2048, generator=rng) * 1e-3).to(torch.float16).to(device)
+        out = torch.full((1, 512), float("nan"), dtype=torch.float16, device=device)
+        ops.gemv_out(x, q.packed, q.absmax, q.codebook, 512, 2048, q.absmax_exponent, None, out)
+        assert out.isfinite().all()
+        err = _rel_err(out.cpu(), _reference(x, q))
+        assert err <= TOL[torch.float16], err
     finally:
         ops.force_gemv_tc(-1)
 
