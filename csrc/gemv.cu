@@ -91,6 +91,25 @@ __device__ __forceinline__ float quad_at(const float4& q, int i) {
 // sum[m] += codebook[idx(v)] * x[m][v] over the 32 values of one block; xq(m, j) gives token
 // m's values 4j .. 4j + 3 as a float4 (packed pairs in registers for gemv_kernel, fp32 in
 // shared memory for gemv_rows_kernel).
+// KBIT_GEMV_PROBE (timing probes only, wrong results; default 0): bit 0 drops the rows kernel's
+// decode (a block's words XORed into one product), bit 1 its read of x (constants staged), bit 2
+// its codebook shuffles (block_dot: an XOR with the source lane instead, same dependencies),
+// bit 3 its shared-memory loads of x in the decode (constants instead).
+#ifndef KBIT_GEMV_PROBE
+#define KBIT_GEMV_PROBE 0
+#endif
+
+// block_dot's codebook lookup: lane idx's table word (KBIT_GEMV_PROBE bit 2: an XOR instead).
+template <typename V>
+__device__ __forceinline__ V table_shfl(V v, int idx) {
+#if KBIT_GEMV_PROBE & 4
+  if constexpr (sizeof(V) == 4 && !std::is_integral_v<V>) return __uint_as_float(__float_as_uint(v) ^ uint32_t(idx & 31));
+  else return v ^ V(idx & 31);
+#else
+  return __shfl_sync(0xffffffffu, v, idx);
+#endif
+}
+
 // The shuffles' table of a lane (block_dot's cb): k = 3..5 codebook entry lane mod 2^k as fp32;
 // k = 2 a pair of entries as two fp16 halves, entry (lane & 3) low and ((lane >> 2) & 3) high
 // (entries repeat every 16 lanes), so that one shuffle by a 4-bit pair index gives two values.
@@ -125,8 +144,8 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
       for (int m = 0; m < M; m++) { xe[m] = xq(m, 2 * i); xo[m] = xq(m, 2 * i + 1); }
 #pragma unroll
       for (int r = 0; r < 4; r++) {
-        const float we = __shfl_sync(0xffffffffu, cb, int(e[r] >> (8 * i)));
-        const float wo = __shfl_sync(0xffffffffu, cb, int(o[r] >> (8 * i)));
+        const float we = table_shfl(cb, int(e[r] >> (8 * i)));
+        const float wo = table_shfl(cb, int(o[r] >> (8 * i)));
 #pragma unroll
         for (int m = 0; m < M; m++) {
           sum[m] = fmaf(we, quad_at(xe[m], r), sum[m]);
@@ -146,8 +165,8 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
       float4 xv[M];
 #pragma unroll
       for (int m = 0; m < M; m++) xv[m] = xq(m, j);
-      const uint32_t pu = __shfl_sync(0xffffffffu, table, int(u >> (4 * j)));
-      const uint32_t pv = __shfl_sync(0xffffffffu, table, int(v >> (4 * j)));
+      const uint32_t pu = table_shfl(table, int(u >> (4 * j)));
+      const uint32_t pv = table_shfl(table, int(v >> (4 * j)));
       const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&pu));
       const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&pv));
 #pragma unroll
@@ -166,7 +185,7 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
       for (int m = 0; m < M; m++) xv[m] = xq(m, j);
 #pragma unroll
       for (int r = 0; r < 4; r++) {
-        const float wv = __shfl_sync(0xffffffffu, cb, int(t[r] >> (4 * j)));
+        const float wv = table_shfl(cb, int(t[r] >> (4 * j)));
 #pragma unroll
         for (int m = 0; m < M; m++) sum[m] = fmaf(wv, quad_at(xv[m], r), sum[m]);
       }
@@ -232,11 +251,6 @@ __device__ __forceinline__ void block_dot_prmt(const uint32_t (&w)[2], uint32_t 
 // k = 4 with 16 rows per CTA, where padding made O (M = 1, 16 x 8) 0.6 us slower on the H100
 // (v66: 4.0 -> 4.6 us, same instruction mix, 80 -> 73 registers; not understood); those
 // kernels stay as before.
-// KBIT_GEMV_PROBE (timing probes only, wrong results; default 0): bit 0 drops the rows kernel's
-// decode (a block's words XORed into one product), bit 1 its read of x (constants staged).
-#ifndef KBIT_GEMV_PROBE
-#define KBIT_GEMV_PROBE 0
-#endif
 // KBIT_GEMV_TC_DEFAULT: whether k = 2 at M = 1 takes gemv_tc2_kernel unless KBIT_GEMV_TC says.
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
@@ -599,7 +613,11 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 #pragma unroll
         for (int m = 0; m < M; m++) sum[m] = 0.f;
         // token m's float4 j of this block: xq + m * (row_len / 4) + 8h + j
+#if KBIT_GEMV_PROBE & 8
+        auto xquad = [&](int m, int j) { return make_float4(0.5f + j, 1.5f + m, 2.5f + h, 3.5f); };
+#else
         auto xquad = [&](int m, int j) { return xq[m * (row_len >> 2) + 8 * h + j]; };
+#endif
 #if KBIT_GEMV_PROBE & 1
         {  // timing probe (wrong results): no decode, the words and one x quad still used
           uint32_t hw = tile[u].w[h][0];
