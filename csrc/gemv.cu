@@ -251,7 +251,7 @@ __device__ __forceinline__ void block_dot_prmt(const uint32_t (&w)[2], uint32_t 
 // k = 4 with 16 rows per CTA, where padding made O (M = 1, 16 x 8) 0.6 us slower on the H100
 // (v66: 4.0 -> 4.6 us, same instruction mix, 80 -> 73 registers; not understood); those
 // kernels stay as before.
-// KBIT_GEMV_TC_DEFAULT: whether k = 2 at M = 1 takes gemv_tc2_kernel unless KBIT_GEMV_TC says.
+// KBIT_GEMV_TC_DEFAULT: whether k = 2, 3 at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says.
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
 #endif
@@ -670,39 +670,43 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
   }
 }
 
-// gemv_tc2_kernel: M = 1, k = 2 with the products on tensor cores (session 58, experiment:
-// KBIT_GEMV_TC=1). Why: the rows kernel's decode costs ~1.1 us of every M = 1 call (H100,
-// NOTES.md v68: the same kernel without its decode is 1.1-1.4 us faster per shape), and its
-// first tensor-core form (pair shuffles into MMA registers, 30% fewer instructions) was no
-// faster: both issue one shuffle per 2 values through the SM's MIO. Here the codebook lookup is
-// a byte permute (prmt) on the integer pipe: the 4 fp16 / bf16 entries, times the block scale
-// (2 packed multiplies per block), sit in 2 registers, and one prmt whose selector nibbles are
-// (2i, 2i + 1, 2j, 2j + 1) returns entries i and j as a pair. The selectors of 4 values come
-// from one AND of the transposed index nibbles (byte b: the index i of value 8b + r) and one
-// multiply-add (i * 0x22 + 0x10 per byte), so a pair costs ~2.5 integer instructions and no
-// shuffle. One mma.sync.m16n8k16 per 8 values of a lane takes the products: A = 16 weight
-// "rows": row g (< 8) is weight row g of an 8-row group at k-tile kt0, row g + 8 the same weight
-// row at kt1 = kt0 + 4 (another phase); B = x: column 0 at kt0's k, column 1 at kt1's (columns
-// 2..7 are whatever their lanes load and never read). So D[g][0] + D[g + 8][1] is row g's sum
-// over both k-tiles, and lane (g, 0) holds both (its D registers 0 and 3). Lane (g, c) = (lane /
-// 4, lane % 4) holds row g's tiles kt0 = phase c and kt1 = kt0 + 4 (both blocks, 64 values
-// each); MMA o (0..7) of block h takes values o, 8 + o, 16 + o, 24 + o of the block from both
-// tiles, and x of the same k from the lane's part g & 1: x is staged once per CTA in T with each
-// block permuted (position 4o + q holds value 8q + o, so one 8-byte load gives B's 2 registers)
-// and k-tiles padded by 4 values, so that the 8 tiles a warp reads at once hit different
-// banks. A CTA: GR groups of 8 rows x WG warps each (8 phases per warp), as the rows kernel's
-// row groups; rounds of U units (2 tiles) per lane; PDL order as in the rows kernel.
+// gemv_tc_kernel: M = 1, k = 2, 3 with the products on tensor cores (sessions 58-59,
+// experiment: KBIT_GEMV_TC=1). Why: the rows kernel's decode costs ~1.1-1.5 us of every M = 1
+// call (H100, NOTES.md v68: the same kernel without it is that much faster per shape) at ~3.7
+// instructions per value (shift, shuffle, fp16 -> fp32 conversion, FFMA, a quarter of a shared
+// load of x): with only 2 warps per scheduler it is bound by issue and latency. Here the
+// products go to mma.sync and the codebook lookup is a byte permute (prmt) on a byte table:
+// per 4 values, one prmt picks their low bytes from the (block-scaled) codebook entries' low
+// bytes (k = 2: 4 entries in one register; k = 3: 8 in two), one their high bytes, and two more
+// interleave them into the two MMA registers: ~1.8 instructions per value at k = 2 (NOTES.md
+// v69). The selectors are the nibble-transposed indices themselves (nibble j of t[r]: the index
+// of value 4j + r; prmt reads the low 16 bits), so values r + 4q (q = 0..3) of a block's half hf
+// form one MMA slice. A = 16 weight "rows": row g (< 8) is weight row g of an 8-row group at
+// k-tile kt0, row g + 8 the same weight row at kt1 = kt0 + 4 (another phase); B = x: column 0 at
+// kt0's k, column 1 at kt1's (columns 2..7 are whatever their lanes load and never read). So
+// D[g][0] + D[g + 8][1] is row g's sum over both k-tiles, and lane (g, 0) holds both (its D
+// registers 0 and 3). Lane (g, c) = (lane / 4, lane % 4) holds row g's tiles kt0 = phase c and
+// kt1 = kt0 + 4 (both blocks, 64 values each); x is staged once per CTA in T with each 32-value
+// block permuted to the slices (position 16 hf + 4 r + q holds value 16 hf + r + 4 q, so one
+// 8-byte load gives B's 2 registers) and k-tiles padded by 4 values, so that the 8 tiles a warp
+// reads at once hit different banks. The byte tables are rebuilt per block and tile: entries x
+// block scale (2^(k-1) packed multiplies), then 2^(k-2) prmt pairs. A CTA: GR groups of 8 rows
+// x WG warps each (8 phases per warp), as the rows kernel's row groups; rounds of U units (2
+// tiles) per lane; PDL order as in the rows kernel.
 // Precision: the weights enter the MMA as T (codebook x scale rounded once to T, as mma.cu
 // does), products and sums in fp32. Range: E4M4 scales (<= 31; the per-tensor power of two is
 // applied to the fp32 sum) cannot overflow T; fp32 absmax scales outside fp16's range would, with
 // fp16 activations (as in mma.cu), so launch_rows takes this kernel for E4M4 scales only.
-template <typename T, int GR, int WG, int U>
-__global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
+template <typename T, int K_BITS, int GR, int WG, int U>
+__global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
+  static_assert(K_BITS == 2 || K_BITS == 3, "gemv_tc_kernel: k = 2, 3");
   extern __shared__ float4 rows_smem[];
-  constexpr int kTileLen = 64 + 4;  // T values per staged k-tile (4 of padding)
+  constexpr int kTileLen = 64 + 4;          // T values per staged k-tile (4 of padding)
+  constexpr int kPairs = 1 << (K_BITS - 1);  // codebook entries as T pairs
+  constexpr int kTab = 1 << (K_BITS - 2);    // byte-table registers (4 entries each)
   T* xs = reinterpret_cast<T*>(rows_smem);
   float* red = reinterpret_cast<float*>(xs + KT * kTileLen);  // GR * WG * 8 partial sums
   constexpr int P = WG * 8;                                   // phases per row group
@@ -714,10 +718,11 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
   const bool row_ok = n < N;
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
-  // the codebook as 4 T values in 2 registers (entries 0, 1 and 2, 3): bytes 0..7 of a prmt
-  const uint32_t cb_lo = Pair<T>::pack(__ldg(codebook), __ldg(codebook + 1));
-  const uint32_t cb_hi = Pair<T>::pack(__ldg(codebook + 2), __ldg(codebook + 3));
-  Tile<2> tile[U][2];
+  // the codebook as T pairs (entries 2i, 2i + 1)
+  uint32_t cb2[kPairs];
+#pragma unroll
+  for (int i = 0; i < kPairs; i++) cb2[i] = Pair<T>::pack(__ldg(codebook + 2 * i), __ldg(codebook + 2 * i + 1));
+  Tile<K_BITS> tile[U][2];
   auto load_round = [&](int64_t base) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -729,7 +734,8 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
         if (base + u * P + warp_phase + 4 * p >= KT) {  // no lane of this warp has it: zeros (scale 0)
 #pragma unroll
           for (int h = 0; h < kTileBlocks; h++) {
-            tile[u][p].w[h][0] = tile[u][p].w[h][1] = 0u;
+#pragma unroll
+            for (int b = 0; b < K_BITS; b++) tile[u][p].w[h][b] = 0u;
             tile[u][p].sbits[h] = 0u;
           }
           continue;
@@ -737,7 +743,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
         const int64_t blk = ok ? (kt * N + n) * kTileBlocks : 0;
 #pragma unroll
         for (int h = 0; h < kTileBlocks; h++) {
-          load_words<2, true>(tile[u][p].w[h], packed + (blk + h) * 2);
+          load_words<K_BITS, true>(tile[u][p].w[h], packed + (blk + h) * K_BITS);
           tile[u][p].sbits[h] = load_absmax_bits_if<true>(absmax, absmax_format, blk + h, ok);
         }
       }
@@ -757,16 +763,22 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
       for (int j = 0; j < 8; j++) e[j] = i + j < K ? __ldg(reinterpret_cast<const unsigned short*>(x + i + j)) : 0u;
       v = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
     }
-    // values 8q + o (o = 0..7) of block (i & 63) / 32 to positions 4o + q of its staged block
+    // values 8 q8 + e (e = 0..7) of block (i & 63) / 32 to positions 16 hf + 4 r + q of its staged
+    // block (value 16 hf + r + 4 q: hf = q8 / 2, r = e % 4, q = 2 (q8 % 2) + e / 4)
     const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-    unsigned short* dst = reinterpret_cast<unsigned short*>(xs + (i >> 6) * kTileLen + (i & 32)) + ((i & 31) >> 3);
+    const int q8 = int(i & 31) >> 3;
+    unsigned short* dst =
+        reinterpret_cast<unsigned short*>(xs + (i >> 6) * kTileLen + (i & 32)) + 16 * (q8 >> 1) + 2 * (q8 & 1);
 #pragma unroll
-    for (int o = 0; o < 8; o++) dst[4 * o] = (unsigned short)(wv[o >> 1] >> (16 * (o & 1)));
+    for (int e = 0; e < 8; e++) dst[4 * (e & 3) + (e >> 2)] = (unsigned short)(wv[e >> 1] >> (16 * (e & 1)));
   }
   __syncthreads();
-  float acc[U][4];
+  // 4 accumulator sets per unit (block h, half hf): chains of 4 dependent MMAs instead of 16
+  float acc[U][4][4];
 #pragma unroll
-  for (int u = 0; u < U; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
+  for (int u = 0; u < U; u++)
+#pragma unroll
+    for (int ch = 0; ch < 4; ch++) acc[u][ch][0] = acc[u][ch][1] = acc[u][ch][2] = acc[u][ch][3] = 0.f;
   for (int64_t base = 0; base < KT; base += P * U) {
     if (base > 0) load_round(base);
 #pragma unroll
@@ -777,33 +789,38 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
       const T* xq = xs + (ktx < KT ? ktx : 0) * kTileLen;
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
-        uint32_t ev[2][4], od[2][4], lo[2], hi[2];  // per tile: index bytes of values 8b + r (ev), 8b + 4 + r (od)
+        uint32_t t[2][4], lo[2][kTab], hi[2][kTab];  // per tile: indices, byte tables
 #pragma unroll
         for (int p = 0; p < 2; p++) {
-          uint32_t t[4] = {tile[u][p].w[h][0], tile[u][p].w[h][1], 0u, 0u};
-          nibble_transpose(t[0], t[1], t[2], t[3]);  // nibble j of t[r]: the index of value 4j + r
-#pragma unroll
-          for (int r = 0; r < 4; r++) {
-            ev[p][r] = t[r] & 0x0f0f0f0fu;
-            od[p][r] = (t[r] >> 4) & 0x0f0f0f0fu;
-          }
+          t[p][0] = tile[u][p].w[h][0];
+          t[p][1] = tile[u][p].w[h][1];
+          t[p][2] = K_BITS > 2 ? tile[u][p].w[h][K_BITS > 2 ? 2 : 0] : 0u;
+          t[p][3] = 0u;
+          nibble_transpose(t[p][0], t[p][1], t[p][2], t[p][3]);  // nibble j of t[r]: the index of value 4j + r
           const float sf = absmax_of_bits(tile[u][p].sbits[h], absmax_format);
           const uint32_t s2 = Pair<T>::pack(sf, sf);
-          lo[p] = mul2<T>(cb_lo, s2);
-          hi[p] = mul2<T>(cb_hi, s2);
+#pragma unroll
+          for (int j = 0; j < kTab; j++) {  // entries 4j .. 4j + 3 x scale: low bytes, high bytes
+            const uint32_t e01 = mul2<T>(cb2[2 * j], s2), e23 = mul2<T>(cb2[2 * j + 1], s2);
+            lo[p][j] = prmt(e01, e23, 0x6420u);
+            hi[p][j] = prmt(e01, e23, 0x7531u);
+          }
         }
 #pragma unroll
-        for (int o = 0; o < 8; o++) {  // values o, 8 + o, 16 + o, 24 + o of the block
-          const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 4 * o);
-          uint32_t a[4];
+        for (int hf = 0; hf < 2; hf++) {
 #pragma unroll
-          for (int p = 0; p < 2; p++) {
-            // byte b: (2i, 2i + 1) as nibbles, i the index of value 8b + o
-            const uint32_t sel = (o < 4 ? ev[p][o] : od[p][o - 4]) * 0x22u + 0x10101010u;
-            a[p] = prmt(lo[p], hi[p], sel);            // values o, 8 + o (row g / g + 8)
-            a[p + 2] = prmt(lo[p], hi[p], sel >> 16);  // values 16 + o, 24 + o
+          for (int r = 0; r < 4; r++) {  // slice 4 hf + r: values 16 hf + r + 4 q, q = 0..3
+            const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 16 * hf + 4 * r);
+            uint32_t a[4];
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+              const uint32_t sel = hf ? t[p][r] >> 16 : t[p][r];  // nibble q: the index of value 16 hf + r + 4 q
+              const uint32_t lb = prmt(lo[p][0], lo[p][kTab - 1], sel), hb = prmt(hi[p][0], hi[p][kTab - 1], sel);
+              a[p] = prmt(lb, hb, 0x5140u);      // values q = 0, 1 (row g / g + 8)
+              a[p + 2] = prmt(lb, hb, 0x7362u);  // values q = 2, 3
+            }
+            mma16816<T>(acc[u][2 * h + hf], a[0], a[1], a[2], a[3], xb.x, xb.y);
           }
-          mma16816<T>(acc[u], a[0], a[1], a[2], a[3], xb.x, xb.y);
         }
       }
     }
@@ -812,7 +829,9 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
   // lane (g, 0): D[g][0] (kt0 parts) + D[g + 8][1] (kt1 parts) = row g over this warp's phases
   float d = 0.f;
 #pragma unroll
-  for (int u = 0; u < U; u++) d += acc[u][0] + acc[u][3];
+  for (int u = 0; u < U; u++)
+#pragma unroll
+    for (int ch = 0; ch < 4; ch++) d += acc[u][ch][0] + acc[u][ch][3];
   if (c == 0) red[warp * 8 + g] = d;
   __syncthreads();
   if (threadIdx.x < 8 * GR) {
@@ -830,8 +849,8 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc2_kernel(
 struct RowsChoice {
   int rl = 0, warps = 0, groups = 1;
 };
-// gemv_tc2_kernel at M = 1, k = 2 where it applies: 1 = on, 0 = off, from KBIT_GEMV_TC (default
-// on); kbit_gemv_force_tc sets it (tests, experiments).
+// gemv_tc_kernel at M = 1, k = 2, 3 where it applies: 1 = on, 0 = off, from KBIT_GEMV_TC (default
+// KBIT_GEMV_TC_DEFAULT); kbit_gemv_force_tc sets it (tests, experiments).
 inline int& tc_mode() {
   static int v = env_int("KBIT_GEMV_TC", KBIT_GEMV_TC_DEFAULT);
   return v;
@@ -901,13 +920,13 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
     }
   }
-  // experiment (session 58, KBIT_GEMV_TC=1): k = 2 at M = 1 on tensor cores with prmt lookups (gemv_tc2_kernel)
-  // with the rows kernel's CTA as 8-row groups: gateup 5 groups x 2 warps, Q 4 x 2, O 2 x 4, down
-  // 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4 (32 k-tiles: one unit per lane);
-  // other choices keep the rows kernel. E4M4 scales only: codebook x scale is rounded to T, and
-  // fp32 absmax scales can fall outside fp16's range (see gemv_tc2_kernel); the rows kernel keeps
-  // the fp16 / fp32 formats.
-  if constexpr (M == 1 && K_BITS == 2) {
+  // experiment (sessions 58-59, KBIT_GEMV_TC=1): k = 2, 3 at M = 1 on tensor cores with byte-table
+  // lookups (gemv_tc_kernel) with the rows kernel's CTA as 8-row groups: gateup 5 groups x 2 warps
+  // (k = 3: 2 x 4), Q 4 x 2, O 2 x 4, down 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4
+  // (32 k-tiles: one unit per lane); other choices keep the rows kernel. E4M4 scales only: codebook
+  // x scale is rounded to T, and fp32 absmax scales can fall outside fp16's range (see
+  // gemv_tc_kernel); the rows kernel keeps the fp16 / fp32 formats.
+  if constexpr (M == 1 && (K_BITS == 2 || K_BITS == 3)) {
     const bool tc_on = tc_mode() != 0 && fmt == KBIT_ABSMAX_E4M4;
     const int gr = c.rl * c.groups / 8;
     int wg = gr > 0 ? c.warps / gr : 0;
@@ -924,7 +943,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
         cfg.blockDim = dim3(GR * WG * 32);
         cfg.dynamicSmemBytes = size_t(tc_smem);
         cfg.stream = s;
-        constexpr auto kernel = gemv_tc2_kernel<T, GR, WG, U>;
+        constexpr auto kernel = gemv_tc_kernel<T, K_BITS, GR, WG, U>;
         const int pdl = rows_pdl_mode<kernel>(device, stable);
         return launch_kernel(cfg, 1, 0, pdl, kernel, x, ldx, packed, absmax, fmt, cb, N, K, KT, shift_up, vec_x, bias,
                              out, ldo, pdl);
