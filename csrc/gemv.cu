@@ -251,7 +251,7 @@ __device__ __forceinline__ void block_dot_prmt(const uint32_t (&w)[2], uint32_t 
 // k = 4 with 16 rows per CTA, where padding made O (M = 1, 16 x 8) 0.6 us slower on the H100
 // (v66: 4.0 -> 4.6 us, same instruction mix, 80 -> 73 registers; not understood); those
 // kernels stay as before.
-// KBIT_GEMV_TC_DEFAULT: whether k = 2, 3 at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says.
+// KBIT_GEMV_TC_DEFAULT: whether k = 2..4 at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says.
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
 #endif
@@ -670,7 +670,7 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
   }
 }
 
-// gemv_tc_kernel: M = 1, k = 2, 3 with the products on tensor cores (sessions 58-59,
+// gemv_tc_kernel: M = 1, k = 2..4 with the products on tensor cores (sessions 58-59,
 // experiment: KBIT_GEMV_TC=1). Why: the rows kernel's decode costs ~1.1-1.5 us of every M = 1
 // call (H100, NOTES.md v68: the same kernel without it is that much faster per shape) at ~3.7
 // instructions per value (shift, shuffle, fp16 -> fp32 conversion, FFMA, a quarter of a shared
@@ -678,8 +678,11 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // products go to mma.sync and the codebook lookup is a byte permute (prmt) on a byte table:
 // per 4 values, one prmt picks their low bytes from the (block-scaled) codebook entries' low
 // bytes (k = 2: 4 entries in one register; k = 3: 8 in two), one their high bytes, and two more
-// interleave them into the two MMA registers: ~1.8 instructions per value at k = 2 (NOTES.md
-// v69). The selectors are the nibble-transposed indices themselves (nibble j of t[r]: the index
+// interleave them into the two MMA registers: ~2.7 instructions per value at k = 2 in SASS (rows
+// kernel ~3.7; NOTES.md v69). k = 4 (16 entries): with a symmetric codebook (entry 15 - i =
+// -entry i: the nf codebooks) the 8 magnitudes' bytes, the index planes turned into magnitude
+// and sign planes before the transpose, and the sign ORed into the high bytes by one more prmt;
+// otherwise two lookups per half table and a third prmt that picks the half. The selectors are the nibble-transposed indices themselves (nibble j of t[r]: the index
 // of value 4j + r; prmt reads the low 16 bits), so values r + 4q (q = 0..3) of a block's half hf
 // form one MMA slice. A = 16 weight "rows": row g (< 8) is weight row g of an 8-row group at
 // k-tile kt0, row g + 8 the same weight row at kt1 = kt0 + 4 (another phase); B = x: column 0 at
@@ -702,7 +705,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
-  static_assert(K_BITS == 2 || K_BITS == 3, "gemv_tc_kernel: k = 2, 3");
+  static_assert(K_BITS >= 2 && K_BITS <= 4, "gemv_tc_kernel: k = 2..4");
   extern __shared__ float4 rows_smem[];
   constexpr int kTileLen = 64 + 4;          // T values per staged k-tile (4 of padding)
   constexpr int kPairs = 1 << (K_BITS - 1);  // codebook entries as T pairs
@@ -722,6 +725,13 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   uint32_t cb2[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; i++) cb2[i] = Pair<T>::pack(__ldg(codebook + 2 * i), __ldg(codebook + 2 * i + 1));
+  // k = 4: a symmetric codebook (entry 15 - i = -entry i, as the nf codebooks) takes the
+  // magnitude table (8 entries, half the prmt work); any other the full 16-entry one
+  bool sym = K_BITS == 4;
+  if constexpr (K_BITS == 4) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) sym = sym && __ldg(codebook + 15 - i) == -__ldg(codebook + i);
+  }
   Tile<K_BITS> tile[U][2];
   auto load_round = [&](int64_t base) {
 #pragma unroll
@@ -789,38 +799,76 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
       const T* xq = xs + (ktx < KT ? ktx : 0) * kTileLen;
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
-        uint32_t t[2][4], lo[2][kTab], hi[2][kTab];  // per tile: indices, byte tables
+        // block h of both tiles; kSym (k = 4, symmetric codebook): 8 magnitudes + a sign
+        auto block = [&](auto sym_tag) {
+          constexpr bool kSym = decltype(sym_tag)::value;
+          constexpr int kT = kSym ? 2 : kTab;  // byte-table registers per tile (4 entries each)
+          uint32_t t[2][4], lo[2][kT], hi[2][kT];
 #pragma unroll
-        for (int p = 0; p < 2; p++) {
-          t[p][0] = tile[u][p].w[h][0];
-          t[p][1] = tile[u][p].w[h][1];
-          t[p][2] = K_BITS > 2 ? tile[u][p].w[h][K_BITS > 2 ? 2 : 0] : 0u;
-          t[p][3] = 0u;
-          nibble_transpose(t[p][0], t[p][1], t[p][2], t[p][3]);  // nibble j of t[r]: the index of value 4j + r
-          const float sf = absmax_of_bits(tile[u][p].sbits[h], absmax_format);
-          const uint32_t s2 = Pair<T>::pack(sf, sf);
+          for (int p = 0; p < 2; p++) {
+            const uint32_t w3 = K_BITS > 3 ? tile[u][p].w[h][K_BITS - 1] : 0u;
+            t[p][0] = tile[u][p].w[h][0];
+            t[p][1] = tile[u][p].w[h][1];
+            t[p][2] = K_BITS > 2 ? tile[u][p].w[h][K_BITS > 2 ? 2 : 0] : 0u;
+            t[p][3] = w3;
+            if constexpr (kSym) {  // index i >= 8: magnitude i - 8; i < 8: magnitude 7 - i, negative
 #pragma unroll
-          for (int j = 0; j < kTab; j++) {  // entries 4j .. 4j + 3 x scale: low bytes, high bytes
-            const uint32_t e01 = mul2<T>(cb2[2 * j], s2), e23 = mul2<T>(cb2[2 * j + 1], s2);
-            lo[p][j] = prmt(e01, e23, 0x6420u);
-            hi[p][j] = prmt(e01, e23, 0x7531u);
+              for (int b = 0; b < 3; b++) t[p][b] = ~(t[p][b] ^ w3);
+              t[p][3] = ~w3;
+            }
+            nibble_transpose(t[p][0], t[p][1], t[p][2], t[p][3]);  // nibble j of t[r]: value 4j + r
+            const float sf = absmax_of_bits(tile[u][p].sbits[h], absmax_format);
+            const uint32_t s2 = Pair<T>::pack(sf, sf);
+#pragma unroll
+            for (int j = 0; j < kT; j++) {  // entries 4j .. 4j + 3 (kSym: 8 + 4j ..) x scale
+              const int e = kSym ? 4 + 2 * j : 2 * j;
+              const uint32_t e01 = mul2<T>(cb2[e], s2), e23 = mul2<T>(cb2[e + 1], s2);
+              lo[p][j] = prmt(e01, e23, 0x6420u);
+              hi[p][j] = prmt(e01, e23, 0x7531u);
+            }
           }
-        }
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-#pragma unroll
-          for (int r = 0; r < 4; r++) {  // slice 4 hf + r: values 16 hf + r + 4 q, q = 0..3
-            const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 16 * hf + 4 * r);
-            uint32_t a[4];
+          for (int r = 0; r < 4; r++) {
+            // k = 4: nibble bits 0-2 as selectors (m), bit 3 moved to bit 2 (n: the table half, or
+            // kSym the sign), for both halves hf of the word at once
+            uint32_t m[2], nb[2];
 #pragma unroll
             for (int p = 0; p < 2; p++) {
-              const uint32_t sel = hf ? t[p][r] >> 16 : t[p][r];  // nibble q: the index of value 16 hf + r + 4 q
-              const uint32_t lb = prmt(lo[p][0], lo[p][kTab - 1], sel), hb = prmt(hi[p][0], hi[p][kTab - 1], sel);
-              a[p] = prmt(lb, hb, 0x5140u);      // values q = 0, 1 (row g / g + 8)
-              a[p + 2] = prmt(lb, hb, 0x7362u);  // values q = 2, 3
+              m[p] = K_BITS > 3 ? t[p][r] & 0x77777777u : t[p][r];
+              nb[p] = K_BITS > 3 ? (t[p][r] >> 1) & 0x44444444u : 0u;
             }
-            mma16816<T>(acc[u][2 * h + hf], a[0], a[1], a[2], a[3], xb.x, xb.y);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {  // slice 4 hf + r: values 16 hf + r + 4 q, q = 0..3
+              const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 16 * hf + 4 * r);
+              uint32_t a[4];
+#pragma unroll
+              for (int p = 0; p < 2; p++) {
+                const uint32_t ms = hf ? m[p] >> 16 : m[p];  // nibble q: value 16 hf + r + 4 q
+                uint32_t lb, hb;
+                if constexpr (K_BITS <= 3) {
+                  lb = prmt(lo[p][0], lo[p][kT - 1], ms);
+                  hb = prmt(hi[p][0], hi[p][kT - 1], ms);
+                } else if constexpr (kSym) {
+                  const uint32_t neg = prmt(0u, 0x80808080u, hf ? nb[p] >> 16 : nb[p]);  // 0x80: negative
+                  lb = prmt(lo[p][0], lo[p][1], ms);
+                  hb = prmt(hi[p][0], hi[p][1], ms) | neg;
+                } else {
+                  const uint32_t half = (hf ? nb[p] >> 16 : nb[p]) | 0x3210u;  // entries 8..15: bytes 4..7
+                  lb = prmt(prmt(lo[p][0], lo[p][1], ms), prmt(lo[p][2], lo[p][3], ms), half);
+                  hb = prmt(prmt(hi[p][0], hi[p][1], ms), prmt(hi[p][2], hi[p][3], ms), half);
+                }
+                a[p] = prmt(lb, hb, 0x5140u);      // values q = 0, 1 (row g / g + 8)
+                a[p + 2] = prmt(lb, hb, 0x7362u);  // values q = 2, 3
+              }
+              mma16816<T>(acc[u][2 * h + hf], a[0], a[1], a[2], a[3], xb.x, xb.y);
+            }
           }
+        };
+        if constexpr (K_BITS == 4) {
+          if (sym) block(std::true_type{});
+          else block(std::false_type{});
+        } else {
+          block(std::false_type{});
         }
       }
     }
@@ -849,7 +897,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
 struct RowsChoice {
   int rl = 0, warps = 0, groups = 1;
 };
-// gemv_tc_kernel at M = 1, k = 2, 3 where it applies: 1 = on, 0 = off, from KBIT_GEMV_TC (default
+// gemv_tc_kernel at M = 1, k = 2..4 where it applies: 1 = on, 0 = off, from KBIT_GEMV_TC (default
 // KBIT_GEMV_TC_DEFAULT); kbit_gemv_force_tc sets it (tests, experiments).
 inline int& tc_mode() {
   static int v = env_int("KBIT_GEMV_TC", KBIT_GEMV_TC_DEFAULT);
@@ -920,13 +968,13 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
     }
   }
-  // experiment (sessions 58-59, KBIT_GEMV_TC=1): k = 2, 3 at M = 1 on tensor cores with byte-table
+  // experiment (sessions 58-59, KBIT_GEMV_TC=1): k = 2..4 at M = 1 on tensor cores with byte-table
   // lookups (gemv_tc_kernel) with the rows kernel's CTA as 8-row groups: gateup 5 groups x 2 warps
   // (k = 3: 2 x 4), Q 4 x 2, O 2 x 4, down 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4
   // (32 k-tiles: one unit per lane); other choices keep the rows kernel. E4M4 scales only: codebook
   // x scale is rounded to T, and fp32 absmax scales can fall outside fp16's range (see
   // gemv_tc_kernel); the rows kernel keeps the fp16 / fp32 formats.
-  if constexpr (M == 1 && (K_BITS == 2 || K_BITS == 3)) {
+  if constexpr (M == 1 && K_BITS <= 4) {
     const bool tc_on = tc_mode() != 0 && fmt == KBIT_ABSMAX_E4M4;
     const int gr = c.rl * c.groups / 8;
     int wg = gr > 0 ? c.warps / gr : 0;

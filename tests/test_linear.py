@@ -107,11 +107,13 @@ def test_gemv_rows_configs(device, rows, warps, groups, rng):
 
 @pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
 @pytest.mark.parametrize("tc", [1, 0])
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("k", [2, 3, 4, "4-asym"])
 def test_gemv_m1_tc_forms(device, tc, k, rng):
-    """M = 1, k = 2, 3, forced: the tensor-core GEMV (gemv_tc_kernel: codebook x block scale by
+    """M = 1, k = 2..4, forced: the tensor-core GEMV (gemv_tc_kernel: codebook x block scale by
     byte-table permutes, products by MMAs; tc = 1) and the rows kernel (tc = 0), on the CTA forms
-    of the dense model shapes (5 x 2, 4 x 2, 2 x 4, 2 x 5 warps of 8-row groups) and odd shapes,
+    of the dense model shapes (5 x 2, 4 x 2, 2 x 4, 2 x 5 warps of 8-row groups) and odd shapes;
+    k = 4 with the symmetric nf codebook (the magnitude-and-sign tables) and with an asymmetric
+    one ("4-asym": the full 16-entry tables),
     fp16 and bf16, the three absmax formats (the tensor-core form takes E4M4 only; fp16 / fp32
     scales go to the rows kernel), a bias, x at an odd offset (no 16-byte loads), NaN-poisoned
     outputs; and fp32 scales past fp16's range with fp16 x, whose codebook x scale products the
@@ -120,12 +122,15 @@ def test_gemv_m1_tc_forms(device, tc, k, rng):
     test_mma_small_m."""
     shapes = [(5120, 2048), (2048, 5120), (4096, 2048), (2048, 4096), (512, 2048), (200, 4128), (2049, 4021),
               (64, 40)]
+    codebook = None
+    if k == "4-asym":  # ascending in [-1, 1], entry 15 - i != -entry i
+        k, codebook = 4, torch.linspace(-1.0, 1.0, 17)[1:] ** 3
     try:
         ops.force_gemv_tc(tc)
         for n, kdim in shapes:
             w = random_weight(n, kdim, gen=rng, device=device, spread=0.5)
             for fmt in ("e4m4", "fp16", "fp32"):
-                q = kbit.repack(kbit.quantize(w, k=k, absmax_format=fmt))
+                q = kbit.repack(kbit.quantize(w, k=k, codebook=codebook, absmax_format=fmt))
                 for dtype in (torch.float16, torch.bfloat16):
                     xs = torch.randn(1, kdim + 1, generator=rng).to(dtype).to(device)
                     for x in (xs[:, :kdim], xs[:, 1:]):
@@ -138,7 +143,7 @@ def test_gemv_m1_tc_forms(device, tc, k, rng):
                             n, kdim, fmt, dtype, x.data_ptr() % 16, err)
         # block scales ~2e4..7e5 (fp32 absmax; fp16's largest is 65504) with small fp16 x
         w = random_weight(512, 2048, gen=rng, device=device, spread=1.0) * 3e5
-        q = kbit.repack(kbit.quantize(w, k=k, absmax_format="fp32"))
+        q = kbit.repack(kbit.quantize(w, k=k, codebook=codebook, absmax_format="fp32"))
         x = (torch.randn(1, 2048, generator=rng) * 1e-3).to(torch.float16).to(device)
         out = torch.full((1, 512), float("nan"), dtype=torch.float16, device=device)
         ops.gemv_out(x, q.packed, q.absmax, q.codebook, 512, 2048, q.absmax_exponent, None, out)
