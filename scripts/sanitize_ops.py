@@ -1,5 +1,6 @@
 """Small run of every CUDA kernel, for compute-sanitizer (memcheck, racecheck, initcheck).
-`python3 scripts/sanitize_ops.py rows` runs only the GEMV's coalesced variant."""
+`python3 scripts/sanitize_ops.py rows` runs only the GEMV's coalesced variant, `... tc` only its
+tensor-core M = 1 form."""
 import sys
 
 import torch
@@ -22,6 +23,23 @@ for rows, warps, groups in ((8, 1, 1), (16, 8, 1), (32, 3, 1), (8, 10, 5), (8, 2
 ops.force_gemv_rows(0, 0)
 if sys.argv[1:] == ["rows"]:
     print("sanitize_ops: done (rows)")
+    sys.exit(0)
+
+# the tensor-core GEMV (gemv_tc_kernel, forced) at M = 1, k = 2..4 on its CTA forms (gateup 5 x 2,
+# Q 4 x 2, O 2 x 4, down 2 x 5, KV 1 x 4 warps; k = 3 gateup 2 x 4) and odd shapes; k = 4 with an
+# asymmetric codebook too (the full-table path)
+if sys.argv[1:] == ["tc"]:
+    ops.force_gemv_tc(1)
+    for k in (2, 3, 4, 0):
+        cb = torch.linspace(-1.0, 1.0, 17)[1:] ** 3 if k == 0 else None
+        for n, kdim in ((5120, 2048), (4096, 2048), (2048, 4096), (2048, 5120), (512, 2048), (1040, 4021), (9, 256)):
+            t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k or 4, codebook=cb))
+            for dtype in (torch.float16, torch.bfloat16):
+                ops.gemv(torch.randn(1, kdim, device="cuda").to(dtype), t.packed, t.absmax, t.codebook, n, kdim,
+                         t.absmax_exponent)
+    ops.force_gemv_tc(-1)
+    torch.cuda.synchronize()
+    print("sanitize_ops: done (tc)")
     sys.exit(0)
 
 for k in (2, 3, 4, 5):
