@@ -8,23 +8,6 @@ import torch
 import kbit
 from kbit import ops
 
-# the GEMV's coalesced variant (gemv_rows_kernel) at M = 1, 3 in several CTA shapes (rows, warps,
-# row groups; groups at M = 1 only),
-# N not a multiple of its rows, K past the last full tile; K = 4500 with 16 rows on 8 warps takes
-# rounds of 5 tiles per lane at M = 1
-for rows, warps, groups in ((8, 1, 1), (16, 8, 1), (32, 3, 1), (8, 10, 5), (8, 20, 5), (0, 0, 1)):
-    ops.force_gemv_rows(rows, warps, groups)
-    for k in (2, 3, 4, 5):
-        for n, kdim in ((9, 256), (1040, 4021), (1040, 4500)):
-            t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
-            for m in (1, 3):
-                ops.gemv(torch.randn(m, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook, n, kdim,
-                         t.absmax_exponent)
-ops.force_gemv_rows(0, 0)
-if sys.argv[1:] == ["rows"]:
-    print("sanitize_ops: done (rows)")
-    sys.exit(0)
-
 # the tensor-core GEMV (gemv_tc_kernel, forced) at M = 1, k = 2..4 on its CTA forms (gateup 5 x 2,
 # Q 4 x 2, O 2 x 4, down 2 x 5, KV 1 x 4 warps; k = 3 gateup 2 x 4) and odd shapes; k = 4 with an
 # asymmetric codebook too (the full-table path)
@@ -40,6 +23,23 @@ if sys.argv[1:] == ["tc"]:
     ops.force_gemv_tc(-1)
     torch.cuda.synchronize()
     print("sanitize_ops: done (tc)")
+    sys.exit(0)
+
+# the GEMV's coalesced variant (gemv_rows_kernel) at M = 1, 3 in several CTA shapes (rows, warps,
+# row groups; groups at M = 1 only),
+# N not a multiple of its rows, K past the last full tile; K = 4500 with 16 rows on 8 warps takes
+# rounds of 5 tiles per lane at M = 1
+for rows, warps, groups in ((8, 1, 1), (16, 8, 1), (32, 3, 1), (8, 10, 5), (8, 20, 5), (0, 0, 1)):
+    ops.force_gemv_rows(rows, warps, groups)
+    for k in (2, 3, 4, 5):
+        for n, kdim in ((9, 256), (1040, 4021), (1040, 4500)):
+            t = kbit.repack(kbit.quantize(torch.randn(n, kdim, device="cuda") * 0.1, k=k))
+            for m in (1, 3):
+                ops.gemv(torch.randn(m, kdim, device="cuda").half(), t.packed, t.absmax, t.codebook, n, kdim,
+                         t.absmax_exponent)
+ops.force_gemv_rows(0, 0)
+if sys.argv[1:] == ["rows"]:
+    print("sanitize_ops: done (rows)")
     sys.exit(0)
 
 for k in (2, 3, 4, 5):
