@@ -681,14 +681,14 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // interleave them into the two MMA registers: ~2.7 instructions per value at k = 2 in SASS (rows
 // kernel ~3.7; NOTES.md v69). k = 4 (16 entries): with a symmetric codebook (entry 15 - i =
 // -entry i: the nf codebooks) the 8 magnitudes' bytes, the index planes turned into magnitude
-// and sign planes before the transpose, and the sign ORed into the high bytes by one more prmt;
+// and sign planes before the transpose, and the sign XORed into the high bytes by one more prmt;
 // otherwise two lookups per half table and a third prmt that picks the half. The selectors are the nibble-transposed indices themselves (nibble j of t[r]: the index
 // of value 4j + r; prmt reads the low 16 bits), so values r + 4q (q = 0..3) of a block's half hf
 // form one MMA slice. A = 16 weight "rows": row g (< 8) is weight row g of an 8-row group at
 // k-tile kt0, row g + 8 the same weight row at kt1 = kt0 + 4 (another phase); B = x: column 0 at
 // kt0's k, column 1 at kt1's (columns 2..7 are whatever their lanes load and never read). So
-// D[g][0] + D[g + 8][1] is row g's sum over both k-tiles, and lane (g, 0) holds both (its D
-// registers 0 and 3). Lane (g, c) = (lane / 4, lane % 4) holds row g's tiles kt0 = phase c and
+// D[g][0] + D[g + 8][1] is row g's sum over the 8 k-tiles of the warp's 4 lanes (g, c) (2
+// each), and lane (g, 0) holds both (its D registers 0 and 3). Lane (g, c) = (lane / 4, lane % 4) holds row g's tiles kt0 = phase c and
 // kt1 = kt0 + 4 (both blocks, 64 values each); x is staged once per CTA in T with each 32-value
 // block permuted to the slices (position 16 hf + 4 r + q holds value 16 hf + r + 4 q, so one
 // 8-byte load gives B's 2 registers) and k-tiles padded by 4 values, so that the 8 tiles a warp
@@ -696,8 +696,8 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // block scale (2^(k-1) packed multiplies), then 2^(k-2) prmt pairs. A CTA: GR groups of 8 rows
 // x WG warps each (8 phases per warp), as the rows kernel's row groups; rounds of U units (2
 // tiles) per lane; PDL order as in the rows kernel.
-// Precision: the weights enter the MMA as T (codebook x scale rounded once to T, as mma.cu
-// does), products and sums in fp32. Range: E4M4 scales (<= 31; the per-tensor power of two is
+// Precision: the weights enter the MMA as T (the codebook rounded to T, then times the scale
+// rounded to T again, as mma.cu does), products and sums in fp32. Range: E4M4 scales (<= 31; the per-tensor power of two is
 // applied to the fp32 sum) cannot overflow T; fp32 absmax scales outside fp16's range would, with
 // fp16 activations (as in mma.cu), so launch_rows takes this kernel for E4M4 scales only.
 template <typename T, int K_BITS, int GR, int WG, int U>
@@ -851,7 +851,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
                 } else if constexpr (kSym) {
                   const uint32_t neg = prmt(0u, 0x80808080u, hf ? nb[p] >> 16 : nb[p]);  // 0x80: negative
                   lb = prmt(lo[p][0], lo[p][1], ms);
-                  hb = prmt(hi[p][0], hi[p][1], ms) | neg;
+                  hb = prmt(hi[p][0], hi[p][1], ms) ^ neg;  // XOR: any codebook with entry 15 - i = -entry i
                 } else {
                   const uint32_t half = (hf ? nb[p] >> 16 : nb[p]) | 0x3210u;  // entries 8..15: bytes 4..7
                   lb = prmt(prmt(lo[p][0], lo[p][1], ms), prmt(lo[p][2], lo[p][3], ms), half);
@@ -1155,7 +1155,11 @@ extern "C" void kbit_gemv_force_rows(int rows, int warps, int groups) {
   kbit::forced_rows() = {rows, warps, groups};
 }
 
-extern "C" void kbit_gemv_force_tc(int on) { kbit::tc_mode() = on < 0 ? KBIT_GEMV_TC_DEFAULT : on; }
+// on < 0: back to KBIT_GEMV_TC (or the build's default), so a test that forces the form leaves an
+// environment-selected mode in place for the tests after it
+extern "C" void kbit_gemv_force_tc(int on) {
+  kbit::tc_mode() = on < 0 ? kbit::env_int("KBIT_GEMV_TC", KBIT_GEMV_TC_DEFAULT) : on;
+}
 
 extern "C" int kbit_gemv(int device, void* stream, const void* x, int dtype, int64_t M,
                          int64_t ldx, const int32_t* packed, const void* absmax,

@@ -91,9 +91,9 @@ KBIT_API void kbit_mma_force_ksplit(int S);
 // groups > 1 (M = 1 only): `groups` groups of `rows` rows per CTA, warps / groups warps each;
 // instantiated for 8 rows x 5 groups on 10 or 20 warps (ABI 12).
 KBIT_API void kbit_gemv_force_rows(int rows, int warps, int groups);
-// The M = 1, k = 2 scalar GEMV on tensor cores (gemv_tc2_kernel) where it applies: 1 = on, 0 = off
-// (the coalesced variant above), -1 = the default, for the whole process (tests, experiments;
-// starts from the environment variable KBIT_GEMV_TC) (ABI 13).
+// The M = 1, k = 2..4 GEMV on tensor cores (gemv_tc_kernel; E4M4 scales) where it applies: 1 = on,
+// 0 = off (the coalesced variant above), -1 = the environment variable KBIT_GEMV_TC if set, else
+// the build's default; for the whole process (tests, experiments) (ABI 13).
 KBIT_API void kbit_gemv_force_tc(int on);
 KBIT_API int kbit_device_smem_optin(int device);
 
