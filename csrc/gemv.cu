@@ -194,42 +194,12 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
 }
 
 // Bytes of (hi:lo) picked by the 4 selector nibbles of sel[15:0] (prmt.b32, default mode). The
-// codebook lookups below pass nibbles 0..7 only (bit 3, sign replication, clear), so the
-// nibble masks that __byte_perm's C semantics cost (one LOP3 per call in SASS) are not needed.
+// codebook lookups of gemv_tc_kernel pass nibbles 0..7 only (bit 3, sign replication, clear), so
+// the nibble masks that __byte_perm's C semantics cost (one LOP3 per call in SASS) are not needed.
 __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sel));
   return d;
-}
-
-// block_dot for k = 2 without shuffles (KBIT_GEMV_K2_PRMT): the codebook as 4 fp16 values in
-// 2 registers (lo: entries 0, 1; hi: 2, 3), one prmt per 2 values with selector nibbles (2i,
-// 2i + 1, 2j, 2j + 1) for entries i, j; the selectors of 4 values (byte b: the index of value
-// 8b + o) from one AND of the transposed index nibbles and one multiply-add (i * 0x22 + 0x10
-// per byte). xq(m, o) must give token m's values o, 8 + o, 16 + o, 24 + o (the rows kernel
-// stages x permuted so for this form).
-template <int M, typename XQuad>
-__device__ __forceinline__ void block_dot_prmt(const uint32_t (&w)[2], uint32_t lo, uint32_t hi, XQuad&& xq,
-                                               float (&sum)[M]) {
-  uint32_t t0 = w[0], t1 = w[1], t2 = 0u, t3 = 0u;
-  nibble_transpose(t0, t1, t2, t3);
-  const uint32_t t[4] = {t0, t1, t2, t3};  // nibble j of t[r]: the index of value 4j + r
-#pragma unroll
-  for (int o = 0; o < 8; o++) {
-    const uint32_t y = o < 4 ? (t[o & 3] & 0x0f0f0f0fu) : ((t[o & 3] >> 4) & 0x0f0f0f0fu);
-    const uint32_t sel = y * 0x22u + 0x10101010u;
-    const uint32_t p0 = prmt(lo, hi, sel), p1 = prmt(lo, hi, sel >> 16);
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&p0));  // values o, 8 + o
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&p1));  // values 16 + o, 24 + o
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      const float4 xv = xq(m, o);
-      sum[m] = fmaf(a.x, xv.x, sum[m]);
-      sum[m] = fmaf(a.y, xv.y, sum[m]);
-      sum[m] = fmaf(b.x, xv.z, sum[m]);
-      sum[m] = fmaf(b.y, xv.w, sum[m]);
-    }
-  }
 }
 
 // KBIT_GEMV_XPAD (default on since session 56) pads each k-tile of the rows kernel's staged x
@@ -254,14 +224,6 @@ __device__ __forceinline__ void block_dot_prmt(const uint32_t (&w)[2], uint32_t 
 // KBIT_GEMV_TC_DEFAULT: whether k = 2..4 at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says.
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
-#endif
-// KBIT_GEMV_K2_PRMT (experiment, default 0; session 58): the rows kernel's k = 2 decode by byte
-// permutes instead of pair shuffles (block_dot_prmt), its staged x permuted to match. Why: the
-// decode after the PDL wait is 1.1-1.5 us of every M = 1 call (NOTES.md v68) and both its
-// forms so far issue one shuffle per 2 values through the SM's MIO; a prmt runs on the integer
-// pipe. Not yet measured.
-#ifndef KBIT_GEMV_K2_PRMT
-#define KBIT_GEMV_K2_PRMT 0
 #endif
 // KBIT_GEMV_U5_MIN_K (experiment, default 3): the smallest k that takes the M = 1 rounds of 5.
 #ifndef KBIT_GEMV_U5_MIN_K
@@ -484,14 +446,6 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
   const float cb = pair_table_on<K_BITS>() ? 0.f : shuffle_table<K_BITS>(codebook, lane);  // the shuffles' table
-  constexpr bool kPrmt = KBIT_GEMV_K2_PRMT && K_BITS == 2;  // block_dot_prmt's codebook registers
-  uint32_t cb_lo = 0u, cb_hi = 0u;
-  if constexpr (kPrmt) {
-    const __half2 l = __floats2half2_rn(__ldg(codebook), __ldg(codebook + 1));
-    const __half2 u = __floats2half2_rn(__ldg(codebook + 2), __ldg(codebook + 3));
-    cb_lo = *reinterpret_cast<const uint32_t*>(&l);
-    cb_hi = *reinterpret_cast<const uint32_t*>(&u);
-  }
   // the pair table's row threadIdx.x (built after the first tiles are requested), requested here
   constexpr int kCbMask = (1 << K_BITS) - 1;
   auto pair_row = [&](int e) {
@@ -570,15 +524,8 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
       for (int e = 0; e < 8; e++) f[e] = c + e < K ? to_float(src[e]) : 0.f;
     }
     float* dst = kXPad ? xs + m * row_len + c + (c >> 6) * kXPad : xs + i;
-    if constexpr (kPrmt) {  // value 8q + o of a 32-value block at position 4o + q (block_dot_prmt)
-      float* blk = dst - (c & 31);
-      const int q = int(c & 31) >> 3;
-#pragma unroll
-      for (int o = 0; o < 8; o++) blk[4 * o + q] = f[o];
-    } else {
-      reinterpret_cast<float4*>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
-      reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
-    }
+    reinterpret_cast<float4*>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
   }
   __syncthreads();
   // the shared address of the pair table's word `lane` (k = 3, 4), taken after the barrier
@@ -627,7 +574,6 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
         }
 #else
         if constexpr (kTabRows > 0) pair_products<M>(pr[h], xquad, sum);
-        else if constexpr (kPrmt) block_dot_prmt<M>(tile[u].w[h], cb_lo, cb_hi, xquad, sum);
         else block_dot<K_BITS, M>(tile[u].w[h], cb, xquad, sum);
 #endif
         const float scale = absmax_of_bits(tile[u].sbits[h], absmax_format);
@@ -670,36 +616,37 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
   }
 }
 
-// gemv_tc_kernel: M = 1, k = 2..4 with the products on tensor cores (sessions 58-59,
-// experiment: KBIT_GEMV_TC=1). Why: the rows kernel's decode costs ~1.1-1.5 us of every M = 1
-// call (H100, NOTES.md v68: the same kernel without it is that much faster per shape) at ~3.7
-// instructions per value (shift, shuffle, fp16 -> fp32 conversion, FFMA, a quarter of a shared
-// load of x): with only 2 warps per scheduler it is bound by issue and latency. Here the
-// products go to mma.sync and the codebook lookup is a byte permute (prmt) on a byte table:
-// per 4 values, one prmt picks their low bytes from the (block-scaled) codebook entries' low
-// bytes (k = 2: 4 entries in one register; k = 3: 8 in two), one their high bytes, and two more
-// interleave them into the two MMA registers: ~2.7 instructions per value at k = 2 in SASS (rows
-// kernel ~3.7; NOTES.md v69). k = 4 (16 entries): with a symmetric codebook (entry 15 - i =
-// -entry i: the nf codebooks) the 8 magnitudes' bytes, the index planes turned into magnitude
-// and sign planes before the transpose, and the sign XORed into the high bytes by one more prmt;
-// otherwise two lookups per half table and a third prmt that picks the half. The selectors are the nibble-transposed indices themselves (nibble j of t[r]: the index
-// of value 4j + r; prmt reads the low 16 bits), so values r + 4q (q = 0..3) of a block's half hf
-// form one MMA slice. A = 16 weight "rows": row g (< 8) is weight row g of an 8-row group at
+// gemv_tc_kernel: M = 1, k = 2..4 with the products on tensor cores (sessions 58-59, experiment:
+// KBIT_GEMV_TC=1). Why: the rows kernel's decode costs ~1.1-1.5 us of every M = 1 call (H100,
+// NOTES.md v68: the same kernel without it is that much faster per shape) at ~3.7 instructions per
+// value (shift, shuffle, fp16 -> fp32 conversion, FFMA, a quarter of a shared load of x): with only
+// 2 warps per scheduler it is bound by issue and latency. Here the products go to mma.sync and the
+// codebook lookup is a byte permute (prmt) on a byte table: per 4 values, one prmt picks their low
+// bytes from the (block-scaled) codebook entries' low bytes (k = 2: 4 entries in one register; k =
+// 3: 8 in two), one their high bytes, and two more interleave them into the two MMA registers: ~2.7
+// instructions per value at k = 2 in SASS (rows kernel ~3.7; NOTES.md v69). k = 4 (16 entries):
+// with a symmetric codebook (entry 15 - i = -entry i: the nf codebooks) the 8 magnitudes' bytes,
+// the index planes turned into magnitude and sign planes before the transpose, and the sign XORed
+// into the high bytes by one more prmt; otherwise two lookups per half table and a third prmt that
+// picks the half. The selectors are the nibble-transposed indices themselves (nibble j of t[r]: the
+// index of value 4j + r; prmt reads the low 16 bits), so values r + 4q (q = 0..3) of a block's half
+// hf form one MMA slice. A = 16 weight "rows": row g (< 8) is weight row g of an 8-row group at
 // k-tile kt0, row g + 8 the same weight row at kt1 = kt0 + 4 (another phase); B = x: column 0 at
 // kt0's k, column 1 at kt1's (columns 2..7 are whatever their lanes load and never read). So
-// D[g][0] + D[g + 8][1] is row g's sum over the 8 k-tiles of the warp's 4 lanes (g, c) (2
-// each), and lane (g, 0) holds both (its D registers 0 and 3). Lane (g, c) = (lane / 4, lane % 4) holds row g's tiles kt0 = phase c and
-// kt1 = kt0 + 4 (both blocks, 64 values each); x is staged once per CTA in T with each 32-value
-// block permuted to the slices (position 16 hf + 4 r + q holds value 16 hf + r + 4 q, so one
-// 8-byte load gives B's 2 registers) and k-tiles padded by 4 values, so that the 8 tiles a warp
-// reads at once hit different banks. The byte tables are rebuilt per block and tile: entries x
-// block scale (2^(k-1) packed multiplies), then 2^(k-2) prmt pairs. A CTA: GR groups of 8 rows
-// x WG warps each (8 phases per warp), as the rows kernel's row groups; rounds of U units (2
-// tiles) per lane; PDL order as in the rows kernel.
+// D[g][0] + D[g + 8][1] is row g's sum over the 8 k-tiles of the warp's 4 lanes (g, c) (2 each),
+// and lane (g, 0) holds both (its D registers 0 and 3). Lane (g, c) = (lane / 4, lane % 4) holds
+// row g's tiles kt0 = phase c and kt1 = kt0 + 4 (both blocks, 64 values each); x is staged once per
+// CTA in T with each 32-value block permuted to the slices (position 16 hf + 4 r + q holds value 16
+// hf + r + 4 q, so one 8-byte load gives B's 2 registers) and k-tiles padded by 4 values, so that
+// the 8 tiles a warp reads at once hit different banks. The byte tables are rebuilt per block and
+// tile: entries x block scale (2^(k-1) packed multiplies), then 2^(k-2) prmt pairs. A CTA: GR
+// groups of 8 rows x WG warps each (8 phases per warp), as the rows kernel's row groups; rounds of
+// U units (2 tiles) per lane; PDL order as in the rows kernel.
 // Precision: the weights enter the MMA as T (the codebook rounded to T, then times the scale
-// rounded to T again, as mma.cu does), products and sums in fp32. Range: E4M4 scales (<= 31; the per-tensor power of two is
-// applied to the fp32 sum) cannot overflow T; fp32 absmax scales outside fp16's range would, with
-// fp16 activations (as in mma.cu), so launch_rows takes this kernel for E4M4 scales only.
+// rounded to T again, as mma.cu does), products and sums in fp32. Range: E4M4 scales (<= 31; the
+// per-tensor power of two is applied to the fp32 sum) cannot overflow T; fp32 absmax scales outside
+// fp16's range would, with fp16 activations (as in mma.cu), so launch_rows takes this kernel for
+// E4M4 scales only.
 template <typename T, int K_BITS, int GR, int WG, int U>
 __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
