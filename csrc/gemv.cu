@@ -225,6 +225,15 @@ __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel)
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
 #endif
+// gemv_tc_kernel's accumulators per unit (1, as measured first) or shared by the units (0), and
+// its __launch_bounds__ minimum of CTAs per SM (experiments, session 60: fewer registers so that
+// the next call's CTA fits beside this one's).
+#ifndef KBIT_GEMV_TC_ACC_PER_UNIT
+#define KBIT_GEMV_TC_ACC_PER_UNIT 1
+#endif
+#ifndef KBIT_GEMV_TC_MIN_CTAS
+#define KBIT_GEMV_TC_MIN_CTAS 1
+#endif
 // KBIT_GEMV_U5_MIN_K (experiment, default 3): the smallest k that takes the M = 1 rounds of 5.
 #ifndef KBIT_GEMV_U5_MIN_K
 #define KBIT_GEMV_U5_MIN_K 3
@@ -648,7 +657,7 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // fp16's range would, with fp16 activations (as in mma.cu), so launch_rows takes this kernel for
 // E4M4 scales only.
 template <typename T, int K_BITS, int GR, int WG, int U>
-__global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
+__global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_kernel(
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
@@ -730,10 +739,12 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
     for (int e = 0; e < 8; e++) dst[4 * (e & 3) + (e >> 2)] = (unsigned short)(wv[e >> 1] >> (16 * (e & 1)));
   }
   __syncthreads();
-  // 4 accumulator sets per unit (block h, half hf): chains of 4 dependent MMAs instead of 16
-  float acc[U][4][4];
+  // 4 accumulator sets (block h, half hf), per unit (KBIT_GEMV_TC_ACC_PER_UNIT) or shared by the
+  // units (16 registers fewer per extra unit; chains of 4 U dependent MMAs)
+  constexpr int UA = KBIT_GEMV_TC_ACC_PER_UNIT ? U : 1;
+  float acc[UA][4][4];
 #pragma unroll
-  for (int u = 0; u < U; u++)
+  for (int u = 0; u < UA; u++)
 #pragma unroll
     for (int ch = 0; ch < 4; ch++) acc[u][ch][0] = acc[u][ch][1] = acc[u][ch][2] = acc[u][ch][3] = 0.f;
   for (int64_t base = 0; base < KT; base += P * U) {
@@ -807,7 +818,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
                 a[p] = prmt(lb, hb, 0x5140u);      // values q = 0, 1 (row g / g + 8)
                 a[p + 2] = prmt(lb, hb, 0x7362u);  // values q = 2, 3
               }
-              mma16816<T>(acc[u][2 * h + hf], a[0], a[1], a[2], a[3], xb.x, xb.y);
+              mma16816<T>(acc[UA > 1 ? u : 0][2 * h + hf], a[0], a[1], a[2], a[3], xb.x, xb.y);
             }
           }
         };
@@ -824,7 +835,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   // lane (g, 0): D[g][0] (kt0 parts) + D[g + 8][1] (kt1 parts) = row g over this warp's phases
   float d = 0.f;
 #pragma unroll
-  for (int u = 0; u < U; u++)
+  for (int u = 0; u < UA; u++)
 #pragma unroll
     for (int ch = 0; ch < 4; ch++) d += acc[u][ch][0] + acc[u][ch][3];
   if (c == 0) red[warp * 8 + g] = d;
