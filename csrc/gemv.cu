@@ -225,11 +225,15 @@ __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel)
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
 #endif
-// gemv_tc_kernel's accumulators per unit (1, as measured first) or shared by the units (0), and
-// its __launch_bounds__ minimum of CTAs per SM (experiments, session 60: fewer registers so that
-// the next call's CTA fits beside this one's).
+// Experiments on gemv_tc_kernel (session 60): its accumulators per unit (1, as first measured) or
+// shared by the units (0); its __launch_bounds__ minimum of CTAs per SM (fewer registers, so that
+// the next call's CTA fits beside this one's); KBIT_GEMV_TC_XPRE, the decode of unit 0 overlapped
+// with reading x (see the kernel).
 #ifndef KBIT_GEMV_TC_ACC_PER_UNIT
 #define KBIT_GEMV_TC_ACC_PER_UNIT 1
+#endif
+#ifndef KBIT_GEMV_TC_XPRE
+#define KBIT_GEMV_TC_XPRE 0
 #endif
 #ifndef KBIT_GEMV_TC_MIN_CTAS
 #define KBIT_GEMV_TC_MIN_CTAS 1
@@ -715,11 +719,93 @@ __global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_k
       }
     }
   };
+  // one block h of unit u's two tiles decoded up to the MMA operands: the transposed index words
+  // (nibble j of t[p][r]: value 4j + r) and the byte tables of entries x block scale (lo / hi bytes)
+  struct Dec {
+    uint32_t t[2][4], lo[2][kTab], hi[2][kTab];
+  };
+  // kSym (k = 4, symmetric codebook): 8 magnitudes + a sign
+  auto prep = [&](auto sym_tag, int u, int h, Dec& d) {
+    constexpr bool kSym = decltype(sym_tag)::value;
+    constexpr int kT = kSym ? 2 : kTab;  // byte-table registers per tile (4 entries each)
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+      const uint32_t w3 = K_BITS > 3 ? tile[u][p].w[h][K_BITS - 1] : 0u;
+      d.t[p][0] = tile[u][p].w[h][0];
+      d.t[p][1] = tile[u][p].w[h][1];
+      d.t[p][2] = K_BITS > 2 ? tile[u][p].w[h][K_BITS > 2 ? 2 : 0] : 0u;
+      d.t[p][3] = w3;
+      if constexpr (kSym) {  // index i >= 8: magnitude i - 8; i < 8: magnitude 7 - i, negative
+#pragma unroll
+        for (int b = 0; b < 3; b++) d.t[p][b] = ~(d.t[p][b] ^ w3);
+        d.t[p][3] = ~w3;
+      }
+      nibble_transpose(d.t[p][0], d.t[p][1], d.t[p][2], d.t[p][3]);  // nibble j of t[r]: value 4j + r
+      const float sf = absmax_of_bits(tile[u][p].sbits[h], absmax_format);
+      const uint32_t s2 = Pair<T>::pack(sf, sf);
+#pragma unroll
+      for (int j = 0; j < kT; j++) {  // entries 4j .. 4j + 3 (kSym: 8 + 4j ..) x scale
+        const int e = kSym ? 4 + 2 * j : 2 * j;
+        const uint32_t e01 = mul2<T>(cb2[e], s2), e23 = mul2<T>(cb2[e + 1], s2);
+        d.lo[p][j] = prmt(e01, e23, 0x6420u);
+        d.hi[p][j] = prmt(e01, e23, 0x7531u);
+      }
+    }
+  };
+  auto run = [&](auto sym_tag, const Dec& d, const T* xq, int h, float (&ac)[4][4]) {
+    constexpr bool kSym = decltype(sym_tag)::value;
+    [[maybe_unused]] constexpr int kT = kSym ? 2 : kTab;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      // k = 4: nibble bits 0-2 as selectors (m), bit 3 moved to bit 2 (n: the table half, or
+      // kSym the sign), for both halves hf of the word at once
+      uint32_t m[2], nb[2];
+#pragma unroll
+      for (int p = 0; p < 2; p++) {
+        m[p] = K_BITS > 3 ? d.t[p][r] & 0x77777777u : d.t[p][r];
+        nb[p] = K_BITS > 3 ? (d.t[p][r] >> 1) & 0x44444444u : 0u;
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {  // slice 4 hf + r: values 16 hf + r + 4 q, q = 0..3
+        const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 16 * hf + 4 * r);
+        uint32_t a[4];
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+          const uint32_t ms = hf ? m[p] >> 16 : m[p];  // nibble q: value 16 hf + r + 4 q
+          uint32_t lb, hb;
+          if constexpr (K_BITS <= 3) {
+            lb = prmt(d.lo[p][0], d.lo[p][kT - 1], ms);
+            hb = prmt(d.hi[p][0], d.hi[p][kT - 1], ms);
+          } else if constexpr (kSym) {
+            const uint32_t neg = prmt(0u, 0x80808080u, hf ? nb[p] >> 16 : nb[p]);  // 0x80: negative
+            lb = prmt(d.lo[p][0], d.lo[p][1], ms);
+            hb = prmt(d.hi[p][0], d.hi[p][1], ms) ^ neg;  // XOR: any codebook with entry 15 - i = -entry i
+          } else {
+            const uint32_t half = (hf ? nb[p] >> 16 : nb[p]) | 0x3210u;  // entries 8..15: bytes 4..7
+            lb = prmt(prmt(d.lo[p][0], d.lo[p][1], ms), prmt(d.lo[p][2], d.lo[p][3], ms), half);
+            hb = prmt(prmt(d.hi[p][0], d.hi[p][1], ms), prmt(d.hi[p][2], d.hi[p][3], ms), half);
+          }
+          a[p] = prmt(lb, hb, 0x5140u);      // values q = 0, 1 (row g / g + 8)
+          a[p + 2] = prmt(lb, hb, 0x7362u);  // values q = 2, 3
+        }
+        mma16816<T>(ac[2 * h + hf], a[0], a[1], a[2], a[3], xb.x, xb.y);
+      }
+    }
+  };
+  // KBIT_GEMV_TC_XPRE (experiment, k <= 3): unit 0 of the first round decoded (prep) while x is read
+  // (1), or before the PDL wait on stable weights (2); 0: every unit decoded where it is used
+  constexpr int kPre = K_BITS <= 3 ? KBIT_GEMV_TC_XPRE : 0;
+  Dec pre[kTileBlocks];
+  auto prep_unit0 = [&]() {
+#pragma unroll
+    for (int h = 0; h < kTileBlocks; h++) prep(std::false_type{}, 0, h, pre[h]);
+  };
   load_round(0);
+  if (kPre == 2 && early) prep_unit0();
   if (early) pdl_wait();
   if (pdl == 2) pdl_trigger();
   // x -> T in shared memory (k-tile t at t * kTileLen), 8 values per thread and step, zeros past K
-  for (int64_t i = int64_t(threadIdx.x) * 8; i < KT * 64; i += int64_t(blockDim.x) * 8) {
+  auto x_load = [&](int64_t i) {
     uint4 v;
     if (vec_x && i + 8 <= K) {
       v = __ldg(reinterpret_cast<const uint4*>(x + i));
@@ -729,6 +815,9 @@ __global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_k
       for (int j = 0; j < 8; j++) e[j] = i + j < K ? __ldg(reinterpret_cast<const unsigned short*>(x + i + j)) : 0u;
       v = make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
     }
+    return v;
+  };
+  auto x_store = [&](int64_t i, uint4 v) {
     // values 8 q8 + e (e = 0..7) of block (i & 63) / 32 to positions 16 hf + 4 r + q of its staged
     // block (value 16 hf + r + 4 q: hf = q8 / 2, r = e % 4, q = 2 (q8 % 2) + e / 4)
     const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
@@ -737,7 +826,21 @@ __global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_k
         reinterpret_cast<unsigned short*>(xs + (i >> 6) * kTileLen + (i & 32)) + 16 * (q8 >> 1) + 2 * (q8 & 1);
 #pragma unroll
     for (int e = 0; e < 8; e++) dst[4 * (e & 3) + (e >> 2)] = (unsigned short)(wv[e >> 1] >> (16 * (e & 1)));
+  };
+  const int64_t x_step = int64_t(blockDim.x) * 8;
+  int64_t xi = int64_t(threadIdx.x) * 8;
+  if constexpr (kPre > 0) {  // the first 2 steps of x requested before unit 0's decode
+    uint4 xr[2];
+#pragma unroll
+    for (int st = 0; st < 2; st++)
+      if (xi + st * x_step < KT * 64) xr[st] = x_load(xi + st * x_step);
+    if (kPre == 1 || !early) prep_unit0();
+#pragma unroll
+    for (int st = 0; st < 2; st++)
+      if (xi + st * x_step < KT * 64) x_store(xi + st * x_step, xr[st]);
+    xi += 2 * x_step;
   }
+  for (; xi < KT * 64; xi += x_step) x_store(xi, x_load(xi));
   __syncthreads();
   // 4 accumulator sets (block h, half hf), per unit (KBIT_GEMV_TC_ACC_PER_UNIT) or shared by the
   // units (16 registers fewer per extra unit; chains of 4 U dependent MMAs)
@@ -755,72 +858,17 @@ __global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_k
       // B column g of the MMAs: x of this lane's part g & 1 (columns 0, 1 matter)
       const int64_t ktx = base + u * P + phase0 + 4 * (g & 1);
       const T* xq = xs + (ktx < KT ? ktx : 0) * kTileLen;
+      float (&ac)[4][4] = acc[UA > 1 ? u : 0];
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
-        // block h of both tiles; kSym (k = 4, symmetric codebook): 8 magnitudes + a sign
+        if (kPre > 0 && u == 0 && base == 0) {
+          run(std::false_type{}, pre[h], xq, h, ac);
+          continue;
+        }
         auto block = [&](auto sym_tag) {
-          constexpr bool kSym = decltype(sym_tag)::value;
-          constexpr int kT = kSym ? 2 : kTab;  // byte-table registers per tile (4 entries each)
-          uint32_t t[2][4], lo[2][kT], hi[2][kT];
-#pragma unroll
-          for (int p = 0; p < 2; p++) {
-            const uint32_t w3 = K_BITS > 3 ? tile[u][p].w[h][K_BITS - 1] : 0u;
-            t[p][0] = tile[u][p].w[h][0];
-            t[p][1] = tile[u][p].w[h][1];
-            t[p][2] = K_BITS > 2 ? tile[u][p].w[h][K_BITS > 2 ? 2 : 0] : 0u;
-            t[p][3] = w3;
-            if constexpr (kSym) {  // index i >= 8: magnitude i - 8; i < 8: magnitude 7 - i, negative
-#pragma unroll
-              for (int b = 0; b < 3; b++) t[p][b] = ~(t[p][b] ^ w3);
-              t[p][3] = ~w3;
-            }
-            nibble_transpose(t[p][0], t[p][1], t[p][2], t[p][3]);  // nibble j of t[r]: value 4j + r
-            const float sf = absmax_of_bits(tile[u][p].sbits[h], absmax_format);
-            const uint32_t s2 = Pair<T>::pack(sf, sf);
-#pragma unroll
-            for (int j = 0; j < kT; j++) {  // entries 4j .. 4j + 3 (kSym: 8 + 4j ..) x scale
-              const int e = kSym ? 4 + 2 * j : 2 * j;
-              const uint32_t e01 = mul2<T>(cb2[e], s2), e23 = mul2<T>(cb2[e + 1], s2);
-              lo[p][j] = prmt(e01, e23, 0x6420u);
-              hi[p][j] = prmt(e01, e23, 0x7531u);
-            }
-          }
-#pragma unroll
-          for (int r = 0; r < 4; r++) {
-            // k = 4: nibble bits 0-2 as selectors (m), bit 3 moved to bit 2 (n: the table half, or
-            // kSym the sign), for both halves hf of the word at once
-            uint32_t m[2], nb[2];
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-              m[p] = K_BITS > 3 ? t[p][r] & 0x77777777u : t[p][r];
-              nb[p] = K_BITS > 3 ? (t[p][r] >> 1) & 0x44444444u : 0u;
-            }
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {  // slice 4 hf + r: values 16 hf + r + 4 q, q = 0..3
-              const uint2 xb = *reinterpret_cast<const uint2*>(xq + 32 * h + 16 * hf + 4 * r);
-              uint32_t a[4];
-#pragma unroll
-              for (int p = 0; p < 2; p++) {
-                const uint32_t ms = hf ? m[p] >> 16 : m[p];  // nibble q: value 16 hf + r + 4 q
-                uint32_t lb, hb;
-                if constexpr (K_BITS <= 3) {
-                  lb = prmt(lo[p][0], lo[p][kT - 1], ms);
-                  hb = prmt(hi[p][0], hi[p][kT - 1], ms);
-                } else if constexpr (kSym) {
-                  const uint32_t neg = prmt(0u, 0x80808080u, hf ? nb[p] >> 16 : nb[p]);  // 0x80: negative
-                  lb = prmt(lo[p][0], lo[p][1], ms);
-                  hb = prmt(hi[p][0], hi[p][1], ms) ^ neg;  // XOR: any codebook with entry 15 - i = -entry i
-                } else {
-                  const uint32_t half = (hf ? nb[p] >> 16 : nb[p]) | 0x3210u;  // entries 8..15: bytes 4..7
-                  lb = prmt(prmt(lo[p][0], lo[p][1], ms), prmt(lo[p][2], lo[p][3], ms), half);
-                  hb = prmt(prmt(hi[p][0], hi[p][1], ms), prmt(hi[p][2], hi[p][3], ms), half);
-                }
-                a[p] = prmt(lb, hb, 0x5140u);      // values q = 0, 1 (row g / g + 8)
-                a[p + 2] = prmt(lb, hb, 0x7362u);  // values q = 2, 3
-              }
-              mma16816<T>(acc[UA > 1 ? u : 0][2 * h + hf], a[0], a[1], a[2], a[3], xb.x, xb.y);
-            }
-          }
+          Dec d;
+          prep(sym_tag, u, h, d);
+          run(sym_tag, d, xq, h, ac);
         };
         if constexpr (K_BITS == 4) {
           if (sym) block(std::true_type{});
