@@ -850,8 +850,10 @@ __global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_k
   for (int u = 0; u < UA; u++)
 #pragma unroll
     for (int ch = 0; ch < 4; ch++) acc[u][ch][0] = acc[u][ch][1] = acc[u][ch][2] = acc[u][ch][3] = 0.f;
-  for (int64_t base = 0; base < KT; base += P * U) {
-    if (base > 0) load_round(base);
+  // one round of U units; kFirst: the first (its tiles loaded above; unit 0 prepped where kPre)
+  auto do_round = [&](int64_t base, auto first_tag) {
+    constexpr bool kFirst = decltype(first_tag)::value;
+    if (!kFirst) load_round(base);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (base + u * P >= KT) break;  // CTA-uniform
@@ -861,7 +863,7 @@ __global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_k
       float (&ac)[4][4] = acc[UA > 1 ? u : 0];
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
-        if (kPre > 0 && u == 0 && base == 0) {
+        if (kPre > 0 && kFirst && u == 0) {
           run(std::false_type{}, pre[h], xq, h, ac);
           continue;
         }
@@ -878,7 +880,14 @@ __global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_k
         }
       }
     }
+  };
+  // kPre: the first round peeled off the loop, so that unit 0's prepped registers end there
+  int64_t base0 = 0;
+  if constexpr (kPre > 0) {
+    do_round(0, std::true_type{});
+    base0 = P * U;
   }
+  for (int64_t base = base0; base < KT; base += P * U) do_round(base, std::false_type{});
   if (pdl == 1 || pdl == 3) pdl_trigger();
   // lane (g, 0): D[g][0] (kt0 parts) + D[g + 8][1] (kt1 parts) = row g over this warp's phases
   float d = 0.f;
