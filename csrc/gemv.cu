@@ -661,7 +661,11 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // fp16's range would, with fp16 activations (as in mma.cu), so launch_rows takes this kernel for
 // E4M4 scales only.
 template <typename T, int K_BITS, int GR, int WG, int U>
+#if KBIT_GEMV_TC_MIN_CTAS > 1
 __global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_kernel(
+#else  // without a minimum, as measured first (a minimum of 1 gives ptxas more registers)
+__global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
+#endif
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
