@@ -221,7 +221,8 @@ __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel)
 // k = 4 with 16 rows per CTA, where padding made O (M = 1, 16 x 8) 0.6 us slower on the H100
 // (v66: 4.0 -> 4.6 us, same instruction mix, 80 -> 73 registers; not understood); those
 // kernels stay as before.
-// KBIT_GEMV_TC_DEFAULT: whether k = 2..4 at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says.
+// KBIT_GEMV_TC_DEFAULT: whether k = 2..4 at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says
+// (the values of tc_mode: 0, 1 or a mask of k).
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
 #endif
@@ -916,11 +917,16 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
 struct RowsChoice {
   int rl = 0, warps = 0, groups = 1;
 };
-// gemv_tc_kernel at M = 1, k = 2..4 where it applies: 1 = on, 0 = off, from KBIT_GEMV_TC (default
+// gemv_tc_kernel at M = 1, k = 2..4 where it applies: 1 = on for every k, 0 = off, other values a
+// mask of k (bit k: 4 = k = 2, 8 = k = 3, 16 = k = 4; 12 = k = 2 and 3), from KBIT_GEMV_TC (default
 // KBIT_GEMV_TC_DEFAULT); kbit_gemv_force_tc sets it (tests, experiments).
 inline int& tc_mode() {
   static int v = env_int("KBIT_GEMV_TC", KBIT_GEMV_TC_DEFAULT);
   return v;
+}
+inline bool tc_on_for(int k) {
+  const int v = tc_mode();
+  return v == 1 || (v > 1 && ((v >> k) & 1) != 0);
 }
 // The pdl argument of the rows and tensor-core kernels: 0 = launched without PDL; 1 = wait at
 // entry; 2 (stable weights): the codebook and the first tiles before the PDL wait, the trigger
@@ -994,7 +1000,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   // x scale is rounded to T, and fp32 absmax scales can fall outside fp16's range (see
   // gemv_tc_kernel); the rows kernel keeps the fp16 / fp32 formats.
   if constexpr (M == 1 && K_BITS <= 4) {
-    const bool tc_on = tc_mode() != 0 && fmt == KBIT_ABSMAX_E4M4;
+    const bool tc_on = tc_on_for(K_BITS) && fmt == KBIT_ABSMAX_E4M4;
     const int gr = c.rl * c.groups / 8;
     int wg = gr > 0 ? c.warps / gr : 0;
     if (gr * wg != c.warps) wg = 0;

@@ -106,11 +106,12 @@ def test_gemv_rows_configs(device, rows, warps, groups, rng):
 
 
 @pytest.mark.parametrize("device", ["cuda"] if "cuda" in DEVICES else [])
-@pytest.mark.parametrize("tc", [1, 0])
+@pytest.mark.parametrize("tc", [1, 0, 12])
 @pytest.mark.parametrize("k", [2, 3, 4, "4-asym"])
 def test_gemv_m1_tc_forms(device, tc, k, rng):
     """M = 1, k = 2..4, forced: the tensor-core GEMV (gemv_tc_kernel: codebook x block scale by
-    byte-table permutes, products by MMAs; tc = 1) and the rows kernel (tc = 0), on the CTA forms
+    byte-table permutes, products by MMAs; tc = 1) and the rows kernel (tc = 0); tc = 12 is the
+    per-k mask (k = 2, 3 on tensor cores, k = 4 on the rows kernel), on the CTA forms
     of the dense model shapes (5 x 2, 4 x 2, 2 x 4, 2 x 5 warps of 8-row groups) and odd shapes;
     k = 4 with the symmetric nf codebook (the magnitude-and-sign tables) and with an asymmetric
     one ("4-asym": the full 16-entry tables),
