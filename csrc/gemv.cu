@@ -758,8 +758,6 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
     }
   };
   auto run = [&](auto sym_tag, const Dec& d, const T* xq, int h, float (&ac)[4][4]) {
-    constexpr bool kSym = decltype(sym_tag)::value;
-    [[maybe_unused]] constexpr int kT = kSym ? 2 : kTab;
 #pragma unroll
     for (int r = 0; r < 4; r++) {
       // k = 4: nibble bits 0-2 as selectors (m), bit 3 moved to bit 2 (n: the table half, or
@@ -779,9 +777,9 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
           const uint32_t ms = hf ? m[p] >> 16 : m[p];  // nibble q: value 16 hf + r + 4 q
           uint32_t lb, hb;
           if constexpr (K_BITS <= 3) {
-            lb = prmt(d.lo[p][0], d.lo[p][kT - 1], ms);
-            hb = prmt(d.hi[p][0], d.hi[p][kT - 1], ms);
-          } else if constexpr (kSym) {
+            lb = prmt(d.lo[p][0], d.lo[p][kTab - 1], ms);  // k <= 3: never kSym
+            hb = prmt(d.hi[p][0], d.hi[p][kTab - 1], ms);
+          } else if constexpr (decltype(sym_tag)::value) {  // kSym
             const uint32_t neg = prmt(0u, 0x80808080u, hf ? nb[p] >> 16 : nb[p]);  // 0x80: negative
             lb = prmt(d.lo[p][0], d.lo[p][1], ms);
             hb = prmt(d.hi[p][0], d.hi[p][1], ms) ^ neg;  // XOR: any codebook with entry 15 - i = -entry i
