@@ -221,27 +221,11 @@ __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel)
 // k = 4 with 16 rows per CTA, where padding made O (M = 1, 16 x 8) 0.6 us slower on the H100
 // (v66: 4.0 -> 4.6 us, same instruction mix, 80 -> 73 registers; not understood); those
 // kernels stay as before.
-// KBIT_GEMV_TC_DEFAULT: whether k = 2..4 at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says
-// (the values of tc_mode: 0, 1 or a mask of k).
+// KBIT_GEMV_TC_DEFAULT: which k at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says (the
+// values of tc_mode: 0, 1 or a mask of k). 12 = k = 2 and 3: H100, session 62 (NOTES.md v71),
+// dense M = 1 Scalar TOTAL k = 2 16.9 -> 15.2 us, k = 3 19.7 -> 16.7; k = 4 19.0 -> 28.0 (so off).
 #ifndef KBIT_GEMV_TC_DEFAULT
-#define KBIT_GEMV_TC_DEFAULT 0
-#endif
-// Experiments on gemv_tc_kernel (session 60): its accumulators per unit (1, as first measured) or
-// shared by the units (0); its __launch_bounds__ minimum of CTAs per SM (fewer registers, so that
-// the next call's CTA fits beside this one's); KBIT_GEMV_TC_XPRE, the decode of unit 0 overlapped
-// with reading x (see the kernel).
-#ifndef KBIT_GEMV_TC_ACC_PER_UNIT
-#define KBIT_GEMV_TC_ACC_PER_UNIT 1
-#endif
-#ifndef KBIT_GEMV_TC_XPRE
-#define KBIT_GEMV_TC_XPRE 0
-#endif
-#ifndef KBIT_GEMV_TC_MIN_CTAS
-#define KBIT_GEMV_TC_MIN_CTAS 1
-#endif
-// KBIT_GEMV_U5_MIN_K (experiment, default 3): the smallest k that takes the M = 1 rounds of 5.
-#ifndef KBIT_GEMV_U5_MIN_K
-#define KBIT_GEMV_U5_MIN_K 3
+#define KBIT_GEMV_TC_DEFAULT 12
 #endif
 template <int K_BITS>
 constexpr int x_pad(int rl) { return KBIT_GEMV_XPAD && !(K_BITS == 4 && rl == 16) ? 4 : 0; }
@@ -661,12 +645,10 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
 // per-tensor power of two is applied to the fp32 sum) cannot overflow T; fp32 absmax scales outside
 // fp16's range would, with fp16 activations (as in mma.cu), so launch_rows takes this kernel for
 // E4M4 scales only.
+// No __launch_bounds__ minimum: an explicit minimum of 1 gives ptxas leave to take more registers,
+// and a minimum of 2 ("lean") was slower (NOTES.md v70, v71).
 template <typename T, int K_BITS, int GR, int WG, int U>
-#if KBIT_GEMV_TC_MIN_CTAS > 1
-__global__ void __launch_bounds__(32 * GR * WG, KBIT_GEMV_TC_MIN_CTAS) gemv_tc_kernel(
-#else  // without a minimum, as measured first (a minimum of 1 gives ptxas more registers)
 __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
-#endif
     const T* __restrict__ x, int64_t ldx, const int32_t* __restrict__ packed, const void* __restrict__ absmax,
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
@@ -795,16 +777,16 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
       }
     }
   };
-  // KBIT_GEMV_TC_XPRE (experiment, k <= 3): unit 0 of the first round decoded (prep) while x is read
-  // (1), or before the PDL wait on stable weights (2); 0: every unit decoded where it is used
-  constexpr int kPre = K_BITS <= 3 ? KBIT_GEMV_TC_XPRE : 0;
-  Dec pre[kTileBlocks];
+  // kPre (k <= 3): unit 0 of the first round decoded (prep) while x is read; the other units where
+  // they are used. H100 (v71): k = 2, 3 dense M = 1 TOTAL 19.0 -> 15.3, 23.8 -> 17.6 us against
+  // decoding every unit where it is used. k = 4 keeps the plain order (its form is not the default).
+  constexpr bool kPre = K_BITS <= 3;
+  Dec pre[kTileBlocks];  // unused where !kPre
   auto prep_unit0 = [&]() {
 #pragma unroll
     for (int h = 0; h < kTileBlocks; h++) prep(std::false_type{}, 0, h, pre[h]);
   };
   load_round(0);
-  if (kPre == 2 && early) prep_unit0();
   if (early) pdl_wait();
   if (pdl == 2) pdl_trigger();
   // x -> T in shared memory (k-tile t at t * kTileLen), 8 values per thread and step, zeros past K
@@ -832,12 +814,12 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   };
   const int64_t x_step = int64_t(blockDim.x) * 8;
   int64_t xi = int64_t(threadIdx.x) * 8;
-  if constexpr (kPre > 0) {  // the first 2 steps of x requested before unit 0's decode
+  if constexpr (kPre) {  // the first 2 steps of x requested before unit 0's decode
     uint4 xr[2];
 #pragma unroll
     for (int st = 0; st < 2; st++)
       if (xi + st * x_step < KT * 64) xr[st] = x_load(xi + st * x_step);
-    if (kPre == 1 || !early) prep_unit0();
+    prep_unit0();
 #pragma unroll
     for (int st = 0; st < 2; st++)
       if (xi + st * x_step < KT * 64) x_store(xi + st * x_step, xr[st]);
@@ -845,14 +827,11 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   }
   for (; xi < KT * 64; xi += x_step) x_store(xi, x_load(xi));
   __syncthreads();
-  // 4 accumulator sets (block h, half hf), per unit (KBIT_GEMV_TC_ACC_PER_UNIT) or shared by the
-  // units (16 registers fewer per extra unit; chains of 4 U dependent MMAs)
-  constexpr int UA = KBIT_GEMV_TC_ACC_PER_UNIT ? U : 1;
-  float acc[UA][4][4];
+  // 4 accumulator sets (block h, half hf) shared by the units: chains of 4 U dependent MMAs. One set
+  // per unit (16 registers more per extra unit) was slower at k = 3 (v71: 17.6 vs 16.7 us TOTAL).
+  float acc[4][4];
 #pragma unroll
-  for (int u = 0; u < UA; u++)
-#pragma unroll
-    for (int ch = 0; ch < 4; ch++) acc[u][ch][0] = acc[u][ch][1] = acc[u][ch][2] = acc[u][ch][3] = 0.f;
+  for (int ch = 0; ch < 4; ch++) acc[ch][0] = acc[ch][1] = acc[ch][2] = acc[ch][3] = 0.f;
   // one round of U units; kFirst: the first (its tiles loaded above; unit 0 prepped where kPre)
   auto do_round = [&](int64_t base, auto first_tag) {
     constexpr bool kFirst = decltype(first_tag)::value;
@@ -863,17 +842,16 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
       // B column g of the MMAs: x of this lane's part g & 1 (columns 0, 1 matter)
       const int64_t ktx = base + u * P + phase0 + 4 * (g & 1);
       const T* xq = xs + (ktx < KT ? ktx : 0) * kTileLen;
-      float (&ac)[4][4] = acc[UA > 1 ? u : 0];
 #pragma unroll
       for (int h = 0; h < kTileBlocks; h++) {
-        if (kPre > 0 && kFirst && u == 0) {
-          run(std::false_type{}, pre[h], xq, h, ac);
+        if (kPre && kFirst && u == 0) {
+          run(std::false_type{}, pre[h], xq, h, acc);
           continue;
         }
         auto block = [&](auto sym_tag) {
           Dec d;
           prep(sym_tag, u, h, d);
-          run(sym_tag, d, xq, h, ac);
+          run(sym_tag, d, xq, h, acc);
         };
         if constexpr (K_BITS == 4) {
           if (sym) block(std::true_type{});
@@ -886,7 +864,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   };
   // kPre: the first round peeled off the loop, so that unit 0's prepped registers end there
   int64_t base0 = 0;
-  if constexpr (kPre > 0) {
+  if constexpr (kPre) {
     do_round(0, std::true_type{});
     base0 = P * U;
   }
@@ -895,9 +873,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   // lane (g, 0): D[g][0] (kt0 parts) + D[g + 8][1] (kt1 parts) = row g over this warp's phases
   float d = 0.f;
 #pragma unroll
-  for (int u = 0; u < UA; u++)
-#pragma unroll
-    for (int ch = 0; ch < 4; ch++) d += acc[u][ch][0] + acc[u][ch][3];
+  for (int ch = 0; ch < 4; ch++) d += acc[ch][0] + acc[ch][3];
   if (c == 0) red[warp * 8 + g] = d;
   __syncthreads();
   if (threadIdx.x < 8 * GR) {
@@ -1058,7 +1034,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   // k = 4 5.9 -> 5.0, k = 5 6.4 -> 5.5; k = 2 +0.15, so not there). KBIT_GEMV_U5=0 keeps rounds
   // of 4 (A/Bs).
   static const bool u5_ok = env_int("KBIT_GEMV_U5", 1) != 0;
-  const bool u5 = M == 1 && K_BITS >= KBIT_GEMV_U5_MIN_K && u5_ok && ceil_div(KT, int64_t(c.warps) * 2) == 5;
+  const bool u5 = M == 1 && K_BITS >= 3 && u5_ok && ceil_div(KT, int64_t(c.warps) * 2) == 5;
   auto go_groups = [&](auto rl_tag, auto u_tag, auto gr_tag, auto wg_tag) {
     constexpr int RL = decltype(rl_tag)::value, U = decltype(u_tag)::value;
     constexpr int GR = decltype(gr_tag)::value, WG = decltype(wg_tag)::value;
@@ -1093,7 +1069,7 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   if (c.rl == 8) err = go(std::integral_constant<int, 8>{}, U4{});
   else if constexpr (M == 1) {
     if (c.rl == 16) {
-      if constexpr (K_BITS >= KBIT_GEMV_U5_MIN_K) {  // U = 5 is instantiated for k >= 3 only (u5 is false below)
+      if constexpr (K_BITS >= 3) {  // U = 5 is instantiated for k >= 3 only (u5 is false below)
         if (u5) err = go(std::integral_constant<int, 16>{}, std::integral_constant<int, 5>{});
         else err = go(std::integral_constant<int, 16>{}, U4{});
       } else {

@@ -5,6 +5,9 @@ measured (shape, k), the fastest kernel at each measured M, as ranges of M.
 
 F@name,name takes only those shapes' cells from F (e.g. the 8192 x 28672 rows, "big", of an
 older library's runs where the newer runs measured only the model shapes); the header says so.
+--newer G [G2 ...] are runs of a newer library that measured only some cells (e.g. `--m 1 --k 2,3`
+after a change to the M = 1 GEMV): every (M, shape, k) they measure is taken from them alone,
+and the other results of their GPU family keep only the cells the newer runs did not measure.
 
 With several results (runs of the same library, on one GPU or several of the same
 architecture), a cell's kernel is the one with the highest median speedup over the runs that
@@ -72,10 +75,13 @@ def pick(runs: list[dict], shapes: dict) -> dict[tuple, dict[int, str]]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("json", nargs="+")
+    p.add_argument("--newer", nargs="+", default=[], metavar="G",
+                   help="results of a newer library whose cells replace the others' (same GPU family)")
     p.add_argument("--default", help="the GPU family other GPUs use (default: the first result's)")
     args = p.parse_args()
     runs: dict[str, list] = {}  # family -> [(path, device, linear section)]
-    for arg in args.json:
+    newer: dict[str, set] = {}  # family -> the cells ("M,shape,k") the --newer runs measured
+    for arg in args.newer + args.json:
         path, _, only = arg.partition("@")
         data = json.load(open(path))
         lin = data["linear"]
@@ -93,7 +99,16 @@ def main() -> None:
         if missing:
             sys.exit(f"{path} did not measure {missing}: the table needs a run of every kernel")
         device = data.get("info", {}).get("device", "?")
-        runs.setdefault(family_of(device), []).append((label, device, lin))
+        fam = family_of(device)
+        if arg in args.newer:
+            newer.setdefault(fam, set()).update(lin["kbit_us"])
+            label += " (newer: its cells replace the others')"
+        elif newer.get(fam):
+            kept = {key: row for key, row in lin["kbit_us"].items() if key not in newer[fam]}
+            if len(kept) < len(lin["kbit_us"]):
+                label += f" ({len(lin['kbit_us']) - len(kept)} cells superseded by --newer)"
+            lin = {**lin, "kbit_us": kept}
+        runs.setdefault(fam, []).append((label, device, lin))
     default = args.default or next(iter(runs))
     if default not in runs:
         sys.exit(f"--default {default}: no result from that family (have {sorted(runs)})")
@@ -101,7 +116,7 @@ def main() -> None:
     print("do not edit by hand. Regenerate with, on each GPU (two or more runs each):")
     print()
     print("    kbit bench --suite linear --m 1,2,3,4,8,16,24,28,32,48,64,128,256,1024,4096 --json F")
-    print("    python scripts/make_dispatch.py F1 F2 ... > kbit/dispatch_table.py")
+    print("    python scripts/make_dispatch.py F1 F2 ... [--newer G1 G2 ...] > kbit/dispatch_table.py")
     print()
     print("TABLES[family][(N, K, k)] = ((largest M, kernel), ...) in increasing M: the fastest of the")
     print('scalar GEMV, mma, wgmma and dequantize + cuBLAS ("gemv", "mma", "wgmma", "dq") measured at')

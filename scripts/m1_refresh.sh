@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Device side of scripts/sass_objs.sh (repo root, carry [".carry/objs"]): link the library from
+# the carried objects, then, in order of value (each step appends to $OUT/summary.txt as it ends,
+# so a machine taken back mid-call still returns what finished):
+#   1. the GPU suite; compute-sanitizer memcheck and racecheck of `scripts/sanitize_ops.py $SAN`
+#      (default tc: the tensor-core M = 1 GEMV);
+#   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
+#      --m $M --k $K` (default M = 1, k = 2,3) -> $OUT/$TAG_<i>.json (TAG default
+#      bench_<gpu>_$VER, VER default new: name them as they will sit in docs/);
+#   3. the dispatch table again (scripts/make_dispatch.py): the sources named in
+#      kbit/dispatch_table.py's header (from docs/) with the new runs as --newer ->
+#      $OUT/dispatch_table.py, also put in place here for step 4;
+#   4. `kbit bench --m $M` (every k, all suites: the main job at those M) with that table ->
+#      $OUT/bench.txt / bench.json.
+# Copy the JSONs into docs/ and the table into kbit/ afterwards.
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+repo=$PWD; o=.carry/objs/o
+M=${M:-1}; K=${K:-2,3}; RUNS=${RUNS:-2}; SAN=${SAN:-tc}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$gpu" in *H200*) fam=h200 ;; *H100*) fam=h100 ;; *) fam=gpu ;; esac
+TAG=${TAG:-bench_${fam}_${VER:-new}}
+T0=$SECONDS
+say() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/summary.txt"
+nvcc -shared -arch=sm_90a "$o"/{api,dequantize,gemv,mma,quantize,repack,wgmma}.o -o .carry/objs/kbit.so -cudart static \
+  || { say "link failed"; exit 1; }
+export KBIT_LIBRARY=$repo/.carry/objs/kbit.so PYTHONPATH=$repo PYTHONUNBUFFERED=1
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests > "$OUT/t_suite.log" 2>&1
+say "GPU suite: $(tail -1 "$OUT/t_suite.log")"
+grep -E "^(FAILED|ERROR)" "$OUT/t_suite.log" | head -8 | tee -a "$OUT/summary.txt"
+for tool in memcheck racecheck; do
+  timeout 150 compute-sanitizer --tool $tool python3 scripts/sanitize_ops.py "$SAN" > "$OUT/${tool}_$SAN.log" 2>&1
+  say "$tool $SAN: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$OUT/${tool}_$SAN.log" | tr '\n' ' ')"
+done
+newer=()
+for i in $(seq 1 "$RUNS"); do
+  timeout 150 python3 -m kbit.cli bench --suite linear --m "$M" --k "$K" --json "$OUT/${TAG}_$i.json" \
+    > "$OUT/${TAG}_$i.txt" 2>&1
+  say "dispatch run $i: rc $?"
+  newer+=("$OUT/${TAG}_$i.json")
+done
+# the current table's sources, from its header: "    NAME.json (a, b only) (device)"
+mapfile -t src < <(python3 - <<'PY'
+import re
+doc = open("kbit/dispatch_table.py").read().split('"""')[1]
+for line in doc.splitlines():
+    m = re.match(r"    (\S+\.json)(?: \(([^)]*) only\))?", line)
+    if m and "(newer" not in line:
+        print("docs/" + m[1] + ("@" + m[2].replace(", ", ",") if m[2] else ""))
+PY
+)
+mapfile -t old_newer < <(sed -n '/^"""/,/^"""/p' kbit/dispatch_table.py | grep "(newer" | awk '{print "docs/" $1}')
+if python3 scripts/make_dispatch.py "${src[@]}" --newer "${old_newer[@]}" "${newer[@]}" > "$OUT/dispatch_table.py" \
+     2> "$OUT/make_dispatch.log"; then
+  diff kbit/dispatch_table.py "$OUT/dispatch_table.py" > "$OUT/dispatch_diff.txt"
+  cp "$OUT/dispatch_table.py" kbit/dispatch_table.py
+  say "dispatch table: $(grep -c '^[<>]   ' "$OUT/dispatch_diff.txt") changed rows (dispatch_diff.txt)"
+  grep '^[<>]   ' "$OUT/dispatch_diff.txt" | head -16 | tee -a "$OUT/summary.txt"
+else
+  say "make_dispatch failed: $(tail -3 "$OUT/make_dispatch.log")"
+fi
+timeout 200 python3 -m kbit.cli bench --m "$M" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+say "bench --m $M: rc $?"
+grep -E "^\| (TOTAL|dense)|TOTAL" "$OUT/bench.txt" | head -20 | tee -a "$OUT/summary.txt"
