@@ -2,7 +2,7 @@
 # Device side of scripts/sass_objs.sh (repo root, carry [".carry/objs"]): link the library from
 # the carried objects, then, in order of value (each step appends to $OUT/summary.txt as it ends,
 # so a machine taken back mid-call still returns what finished):
-#   1. the GPU suite; compute-sanitizer memcheck and racecheck of `scripts/sanitize_ops.py $SAN`
+#   1. the GPU suite ($SUITE, default tests); compute-sanitizer memcheck and racecheck of `scripts/sanitize_ops.py $SAN`
 #      (default tc: the tensor-core M = 1 GEMV);
 #   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
 #      --m $M --k $K` (default M = 1, k = 2,3) -> $OUT/$TAG_<i>.json (TAG default
@@ -16,7 +16,7 @@
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 repo=$PWD; o=.carry/objs/o
-M=${M:-1}; K=${K:-2,3}; RUNS=${RUNS:-2}; SAN=${SAN:-tc}
+M=${M:-1}; K=${K:-2,3}; RUNS=${RUNS:-2}; SAN=${SAN:-tc}; SUITE=${SUITE:-tests}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$gpu" in *H200*) fam=h200 ;; *H100*) fam=h100 ;; *) fam=gpu ;; esac
 TAG=${TAG:-bench_${fam}_${VER:-new}}
@@ -26,8 +26,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a 
 nvcc -shared -arch=sm_90a "$o"/{api,dequantize,gemv,mma,quantize,repack,wgmma}.o -o .carry/objs/kbit.so -cudart static \
   || { say "link failed"; exit 1; }
 export KBIT_LIBRARY=$repo/.carry/objs/kbit.so PYTHONPATH=$repo PYTHONUNBUFFERED=1
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests > "$OUT/t_suite.log" 2>&1
-say "GPU suite: $(tail -1 "$OUT/t_suite.log")"
+# shellcheck disable=SC2086
+timeout 300 python3 -m pytest -q -p no:cacheprovider $SUITE > "$OUT/t_suite.log" 2>&1
+say "GPU suite ($SUITE): $(tail -1 "$OUT/t_suite.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/t_suite.log" | head -8 | tee -a "$OUT/summary.txt"
 for tool in memcheck racecheck; do
   timeout 150 compute-sanitizer --tool $tool python3 scripts/sanitize_ops.py "$SAN" > "$OUT/${tool}_$SAN.log" 2>&1
