@@ -10,13 +10,13 @@
 #   3. the dispatch table again (scripts/make_dispatch.py): the sources named in
 #      kbit/dispatch_table.py's header (from docs/) with the new runs as --newer ->
 #      $OUT/dispatch_table.py, also put in place here for step 4;
-#   4. `kbit bench --m $M` (every k, all suites: the main job at those M) with that table ->
+#   4. `kbit bench --m $M --k $BK` (default every k; all suites: the main job at those M) with that table ->
 #      $OUT/bench.txt / bench.json.
 # Copy the JSONs into docs/ and the table into kbit/ afterwards.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 repo=$PWD; o=.carry/objs/o
-M=${M:-1}; K=${K:-2,3}; RUNS=${RUNS:-2}; SAN=${SAN:-tc}; SUITE=${SUITE:-tests}
+M=${M:-1}; K=${K:-2,3}; RUNS=${RUNS:-2}; SAN=${SAN:-tc}; SUITE=${SUITE:-tests}; BK=${BK:-2,3,4,5}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$gpu" in *H200*) fam=h200 ;; *H100*) fam=h100 ;; *) fam=gpu ;; esac
 TAG=${TAG:-bench_${fam}_${VER:-new}}
@@ -61,6 +61,6 @@ if python3 scripts/make_dispatch.py "${src[@]}" --newer "${old_newer[@]}" "${new
 else
   say "make_dispatch failed: $(tail -3 "$OUT/make_dispatch.log")"
 fi
-timeout 200 python3 -m kbit.cli bench --m "$M" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+timeout 200 python3 -m kbit.cli bench --m "$M" --k "$BK" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 say "bench --m $M: rc $?"
 grep -E "^\| (TOTAL|dense)|TOTAL" "$OUT/bench.txt" | head -20 | tee -a "$OUT/summary.txt"
