@@ -2,8 +2,8 @@
 # Device side of scripts/sass_objs.sh (repo root, carry [".carry/objs"]): link the library from
 # the carried objects, then, in order of value (each step appends to $OUT/summary.txt as it ends,
 # so a machine taken back mid-call still returns what finished):
-#   1. the GPU suite ($SUITE, default tests); compute-sanitizer memcheck and racecheck of `scripts/sanitize_ops.py $SAN`
-#      (default tc: the tensor-core M = 1 GEMV);
+#   1. the GPU suite ($SUITE, default tests); compute-sanitizer memcheck of
+#      `scripts/sanitize_ops.py $SAN` (default tc: the tensor-core M = 1 GEMV; racecheck at the end);
 #   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
 #      --m $M --k $K` (default M = 1, k = 2,3) -> $OUT/$TAG_<i>.json (TAG default
 #      bench_<gpu>_$VER, VER default new: name them as they will sit in docs/);
@@ -30,10 +30,11 @@ export KBIT_LIBRARY=$repo/.carry/objs/kbit.so PYTHONPATH=$repo PYTHONUNBUFFERED=
 timeout 300 python3 -m pytest -q -p no:cacheprovider $SUITE > "$OUT/t_suite.log" 2>&1
 say "GPU suite ($SUITE): $(tail -1 "$OUT/t_suite.log")"
 grep -E "^(FAILED|ERROR)" "$OUT/t_suite.log" | head -8 | tee -a "$OUT/summary.txt"
-for tool in memcheck racecheck; do
-  timeout 150 compute-sanitizer --tool $tool python3 scripts/sanitize_ops.py "$SAN" > "$OUT/${tool}_$SAN.log" 2>&1
-  say "$tool $SAN: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$OUT/${tool}_$SAN.log" | tr '\n' ' ')"
-done
+sanitize() {
+  timeout 150 compute-sanitizer --tool "$1" python3 scripts/sanitize_ops.py "$SAN" > "$OUT/$1_$SAN.log" 2>&1
+  say "$1 $SAN: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$OUT/$1_$SAN.log" | tr '\n' ' ')"
+}
+sanitize memcheck
 newer=()
 for i in $(seq 1 "$RUNS"); do
   timeout 150 python3 -m kbit.cli bench --suite linear --m "$M" --k "$K" --json "$OUT/${TAG}_$i.json" \
@@ -64,3 +65,4 @@ fi
 timeout 200 python3 -m kbit.cli bench --m "$M" --k "$BK" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 say "bench --m $M: rc $?"
 grep -E "^\| (TOTAL|dense)|TOTAL" "$OUT/bench.txt" | head -20 | tee -a "$OUT/summary.txt"
+sanitize racecheck
