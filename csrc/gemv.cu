@@ -222,10 +222,13 @@ __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel)
 // (v66: 4.0 -> 4.6 us, same instruction mix, 80 -> 73 registers; not understood); those
 // kernels stay as before.
 // KBIT_GEMV_TC_DEFAULT: which k at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says (the
-// values of tc_mode: 0, 1 or a mask of k). 12 = k = 2 and 3: H100, session 62 (NOTES.md v71),
-// dense M = 1 Scalar TOTAL k = 2 16.9 -> 15.2 us, k = 3 19.7 -> 16.7; k = 4 19.0 -> 28.0 (so off).
+// values of tc_mode: 0, 1 or a mask of k). H100, session 62 (NOTES.md v71): with 12 (k = 2 and 3)
+// the dense M = 1 Scalar TOTAL went k = 2 16.9 -> 15.2 us, k = 3 19.7 -> 16.7; k = 4 on tensor
+// cores is slower (19.0 -> 28.0). Still 0: this form of the kernel (unit 0 decoded while x is
+// read, one accumulator set) was timed but its GPU tests have not run yet (no device time left);
+// set 12 once `pytest tests` passes with KBIT_GEMV_TC=12.
 #ifndef KBIT_GEMV_TC_DEFAULT
-#define KBIT_GEMV_TC_DEFAULT 12
+#define KBIT_GEMV_TC_DEFAULT 0
 #endif
 template <int K_BITS>
 constexpr int x_pad(int rl) { return KBIT_GEMV_XPAD && !(K_BITS == 4 && rl == 16) ? 4 : 0; }
