@@ -230,6 +230,12 @@ __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel)
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 0
 #endif
+// KBIT_GEMV_TC_PREWAIT (experiment, default 0; not measured yet): with stable weights (PDL modes
+// 2, 3), gemv_tc_kernel decodes unit 0 (k <= 3) before the PDL wait, over the previous kernel's
+// tail, instead of while x is read.
+#ifndef KBIT_GEMV_TC_PREWAIT
+#define KBIT_GEMV_TC_PREWAIT 0
+#endif
 template <int K_BITS>
 constexpr int x_pad(int rl) { return KBIT_GEMV_XPAD && !(K_BITS == 4 && rl == 16) ? 4 : 0; }
 template <int K_BITS>
@@ -789,7 +795,9 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
 #pragma unroll
     for (int h = 0; h < kTileBlocks; h++) prep(std::false_type{}, 0, h, pre[h]);
   };
+  constexpr bool kPreWait = kPre && KBIT_GEMV_TC_PREWAIT;
   load_round(0);
+  if (kPreWait && early) prep_unit0();
   if (early) pdl_wait();
   if (pdl == 2) pdl_trigger();
   // x -> T in shared memory (k-tile t at t * kTileLen), 8 values per thread and step, zeros past K
@@ -822,7 +830,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
 #pragma unroll
     for (int st = 0; st < 2; st++)
       if (xi + st * x_step < KT * 64) xr[st] = x_load(xi + st * x_step);
-    prep_unit0();
+    if (!(kPreWait && early)) prep_unit0();
 #pragma unroll
     for (int st = 0; st < 2; st++)
       if (xi + st * x_step < KT * 64) x_store(xi + st * x_step, xr[st]);

@@ -4,6 +4,8 @@
 # so a machine taken back mid-call still returns what finished):
 #   1. the GPU suite ($SUITE, default tests); compute-sanitizer memcheck of
 #      `scripts/sanitize_ops.py $SAN` (default tc: the tensor-core M = 1 GEMV; racecheck at the end);
+#   1b. where sass_objs.sh built gemv variants (gemv_NAME.o): an A/B of them against the library,
+#      $AB_ROUNDS (default 2) rounds of M = $M, k = $K, Scalar column, dense shapes -> $OUT/ab.txt;
 #   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
 #      --m $M --k $K` (default M = 1, k = 2,3) -> $OUT/$TAG_<i>.json (TAG default
 #      bench_<gpu>_$VER, VER default new: name them as they will sit in docs/);
@@ -23,8 +25,16 @@ TAG=${TAG:-bench_${fam}_${VER:-new}}
 T0=$SECONDS
 say() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/summary.txt"
-nvcc -shared -arch=sm_90a "$o"/{api,dequantize,gemv,mma,quantize,repack,wgmma}.o -o .carry/objs/kbit.so -cudart static \
-  || { say "link failed"; exit 1; }
+others=("$o"/{api,dequantize,mma,quantize,repack,wgmma}.o)
+libs=(main=.carry/objs/kbit.so)
+for g in "$o"/gemv_*.o; do
+  [ -e "$g" ] || continue
+  v=$(basename "$g" .o); v=${v#gemv_}
+  nvcc -shared -arch=sm_90a "${others[@]}" "$g" -o ".carry/objs/$v.so" -cudart static &
+  libs+=("$v=.carry/objs/$v.so")
+done
+nvcc -shared -arch=sm_90a "${others[@]}" "$o/gemv.o" -o .carry/objs/kbit.so -cudart static || { say "link failed"; exit 1; }
+wait
 export KBIT_LIBRARY=$repo/.carry/objs/kbit.so PYTHONPATH=$repo PYTHONUNBUFFERED=1
 # shellcheck disable=SC2086
 timeout 300 python3 -m pytest -q -p no:cacheprovider $SUITE > "$OUT/t_suite.log" 2>&1
@@ -35,6 +45,12 @@ sanitize() {
   say "$1 $SAN: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$OUT/$1_$SAN.log" | tr '\n' ' ')"
 }
 sanitize memcheck
+if [ ${#libs[@]} -gt 1 ]; then
+  ROUNDS=${AB_ROUNDS:-2} BENCH_ARGS="--m $M --k $K --kernels Scalar --shapes gateup,down,Q,O,KV" OUT=$OUT/ab \
+    timeout 200 bash scripts/lib_ab.sh "${libs[@]}" > "$OUT/ab.txt" 2>&1
+  say "A/B ${libs[*]}: done"
+  sed -n '/Best of the kernels/,$p' "$OUT/ab.txt" | grep '^|' | tee -a "$OUT/summary.txt"
+fi
 newer=()
 for i in $(seq 1 "$RUNS"); do
   timeout 150 python3 -m kbit.cli bench --suite linear --m "$M" --k "$K" --json "$OUT/${TAG}_$i.json" \
