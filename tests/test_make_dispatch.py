@@ -59,3 +59,24 @@ def test_shape_filter_rejects_bad_names(tmp_path, suffix, message):
     res = _run(path + suffix)
     assert res.returncode != 0
     assert message in res.stderr
+
+
+def test_newer_runs_replace_the_cells_they_measure(tmp_path):
+    def row(fast, us=1.0):
+        return {c: (us if c == fast else 5.0) for c in ("Scalar", "MMA", "WGMMA", "dq+cuBLAS")}
+
+    # three older runs say MMA at M = 1 for down k = 2 and k = 4 (three votes against one newer
+    # run's), and WGMMA at M = 64
+    old = [_result(tmp_path / f"old{i}.json", {(1, "down", 2): row("MMA"), (1, "down", 4): row("MMA"),
+                                               (64, "down", 2): row("WGMMA")}) for i in range(3)]
+    # the newer run measured only M = 1, k = 2: Scalar
+    new = _result(tmp_path / "new.json", {(1, "down", 2): row("Scalar")})
+    res = _run(*old, "--newer", new)
+    assert res.returncode == 0, res.stderr
+    table = _tables(res.stdout)["H200"]
+    assert table[(2048, 5120, 2)] == ((1, "gemv"), (64, "wgmma"))  # M = 1 from the newer run alone
+    assert table[(2048, 5120, 4)] == ((1, "mma"),)  # a cell the newer run did not measure: kept
+    assert "new.json (newer: its cells replace the others')" in res.stdout
+    assert "old0.json (1 cells superseded by --newer)" in res.stdout
+    # without --newer the older runs outvote it
+    assert _tables(_run(*old, new).stdout)["H200"][(2048, 5120, 2)][0] == (1, "mma")
