@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ncu", action="store_true", help="instead of the graph timing: kernel-only "
                    "times of the linear suite under Nsight Compute (ncu on PATH; caches flushed "
                    "before each kernel, clocks not locked; kbit/bench/ncu.py)")
+    p.add_argument("--no-check", action="store_true", help="skip the linear suite's output check "
+                   "(each kernel's output against the reference once per cell, before timing it; a "
+                   "failed check makes kbit bench exit with status 1)")
     p.add_argument("--from-json", metavar="PATH", help="with --plot: plot a saved --json result "
                    "instead of running (no GPU needed)")
 
@@ -128,8 +131,9 @@ def run(args) -> int:
         result["ops"] = run_ops(ks, {s: MODEL_SHAPES[s] for s in shapes}, args.repeats)
     if "linear" in suites:
         result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, linear_shapes,
-                                      args.repeats, kernels)
-    return _finish(args, result, result.get("linear"), info)
+                                      args.repeats, kernels, check=not args.no_check)
+    rc = _finish(args, result, result.get("linear"), info)
+    return 1 if result.get("linear", {}).get("check_failed") else rc
 
 
 def _finish(args, result: dict, linear: dict | None, info: dict) -> int:

@@ -8,6 +8,12 @@ fp16 / Best; a TOTAL row per k sums Best and fp16 over the dense shapes. The 819
 ("big", K = 8192, N = 28672) is measured for M <= 64 and shown below the TOTAL, not in it. MoE
 rows are not measured yet (no grouped kernel). Every time is cold: weights rotated over enough
 copies to exceed L2 several times; CUDA-graph replay, median.
+
+Before a kernel's cell is timed, its output is checked once (unless check=False): the output
+poisoned with NaN, one call, then its relative Frobenius error against the reference
+(kbit.reference.dequantize in float32, product in float64, as the tests) must be <= CHECK_TOL, or the cell is
+reported as failed and `kbit bench` exits with status 1. A timing A/B of a new kernel form thus
+also says whether that form computes the right numbers.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import torch
 
 import kbit
 from kbit import ops
+from kbit import reference as ref
 
 from .timing import copies_for_cold, graph_time_us, sm_clock_mhz
 
@@ -28,6 +35,21 @@ EXTRA_MAX_M = 64
 KERNELS = ["Scalar", "MMA", "WGMMA", "dq+cuBLAS"]
 # each column's kernel as kbit/dispatch_table.py names it (scripts/make_dispatch.py reads it too)
 DISPATCH_NAMES = {"Scalar": "gemv", "MMA": "mma", "WGMMA": "wgmma", "dq+cuBLAS": "dq"}
+# the output check's bound, fp16 x: the tests' bound (tests/test_linear.py says why), ~10x the
+# kernels' own rounding (weights rounded to fp16 twice, fp32 sums, the fp16 output) and far below
+# what a wrong index, scale or tile produces (~1e-1 and up)
+CHECK_TOL = 2e-3
+
+
+def check_output(call, y, want) -> float:
+    """Relative Frobenius error of call(0)'s output y (poisoned with NaN first, so an output
+    the kernel does not write fails) against want (float32); NaN where y is not finite."""
+    y.fill_(float("nan"))
+    call(0)
+    got = y.float()
+    if not torch.isfinite(got).all():
+        return float("nan")
+    return ((got - want).norm() / want.norm()).item()
 
 
 def _progress(msg: str) -> None:
@@ -89,6 +111,15 @@ class _Weights:
             self.q[k] = q
             self.packs[k] = [(q.packed.clone(), q.absmax.clone()) for _ in range(nq)]
         self.buf = torch.empty(N, K, dtype=torch.float16, device="cuda")
+        self._wref = {}
+
+    def reference(self, k):
+        """The float32 dequantized weight of pack k (kbit.reference; cached per k)."""
+        if k not in self._wref:
+            q = self.q[k]
+            self._wref[k] = ref.dequantize(q.packed, q.absmax, q.codebook, (self.N, self.K), q.layout,
+                                           q.absmax_exponent, torch.float32)
+        return self._wref[k]
 
 
 def fp16_call(wt, x, y):
@@ -118,16 +149,20 @@ def kbit_calls(wt, m, k, x, y, kernels):
     return calls
 
 
-def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks, kernels):
+def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks, kernels, checks=None):
     """fp16 and every kbit kernel of `kernels` at one (shape, M); the SM clock is read after
-    each cell."""
+    each cell. checks (a dict, or None for no check): (M, shape, k, column) -> the output
+    check's relative error (check_output), taken before the cell is timed."""
     x = torch.randn(m, wt.K, dtype=torch.float16, device="cuda")
     y = torch.empty(m, wt.N, dtype=torch.float16, device="cuda")
     fp16[(m, name)] = graph_time_us(fp16_call(wt, x, y), wt.nw, repeats=repeats)
     clk = [sm_clock_mhz()]
     for k in ks:
         row = {}
+        want = (x.double() @ wt.reference(k).double().T).float() if checks is not None else None
         for col, call in kbit_calls(wt, m, k, x, y, kernels).items():
+            if want is not None:
+                checks[(m, name, k, col)] = check_output(call, y, want)
             row[col] = graph_time_us(call, len(wt.packs[k]), repeats=repeats)
             clk.append(sm_clock_mhz())
         results[(m, name, k)] = row
@@ -135,8 +170,9 @@ def _measure_cells(name, wt, m, ks, repeats, results, fp16, clocks, kernels):
 
 
 def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
-               kernels: list[str] = KERNELS) -> dict:
+               kernels: list[str] = KERNELS, check: bool = True) -> dict:
     results = {}  # (M, shape, k) -> {kernel: us}
+    checks = {} if check else None  # (M, shape, k, kernel) -> relative error of its output
     fp16 = {}  # (M, shape) -> us
     weight_bytes = {}  # (shape, k) -> bytes of packed + absmax
     clocks = {}  # (M, shape) -> SM MHz after each cell
@@ -152,7 +188,7 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
     for m in sorted(ms):
         _progress(f"M={m}")
         for name in dense + [e for e in extra if m <= EXTRA_MAX_M]:
-            _measure_cells(name, weights[name], m, ks, repeats, results, fp16, clocks, kernels)
+            _measure_cells(name, weights[name], m, ks, repeats, results, fp16, clocks, kernels, checks)
     del weights
     torch.cuda.empty_cache()
     wall, wall16, gpu = host_overhead_us()
@@ -168,13 +204,32 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
 
     family = ops.device_family(torch.cuda.current_device())
     print_tables(ms, ks, dense, extra, results, fp16, weight_bytes, title, family)
+    failed = report_checks(checks) if checks is not None else []
     return {
         **tables_json(kernels, results, fp16, weight_bytes),
+        "check_tol": CHECK_TOL if checks is not None else None,
+        "check_rel_err": None if checks is None else {",".join(map(str, key)): v for key, v in checks.items()},
+        "check_failed": failed,
         "floor_us": floor,
         "eager_linear_m1_wall_us": wall,
         "eager_fp16_matmul_m1_wall_us": wall16,
         "sm_clock_mhz": {f"{m},{s}": v for (m, s), v in clocks.items()},
     }
+
+
+def report_checks(checks: dict) -> list[str]:
+    """Print the output check's outcome; returns the failed cells as "M,shape,k,column"."""
+    failed = {key: err for key, err in checks.items() if not err <= CHECK_TOL}  # NaN fails too
+    if failed:
+        print(f"\nOUTPUT CHECK FAILED in {len(failed)} of {len(checks)} cells (relative error > {CHECK_TOL} "
+              f"or not finite; their times above are of wrong results):", file=sys.stderr)
+        for key, err in failed.items():
+            print(f"  M,shape,k,kernel = {','.join(map(str, key))}: {err:.3g}", file=sys.stderr)
+    elif checks:
+        worst = max(checks, key=checks.get)
+        print(f"\noutput check: all {len(checks)} kernel cells within {CHECK_TOL} of the reference "
+              f"(worst {checks[worst]:.1e}: M,shape,k,kernel = {','.join(map(str, worst))})")
+    return [",".join(map(str, key)) for key in failed]
 
 
 def tables_json(kernels, results, fp16, weight_bytes) -> dict:
