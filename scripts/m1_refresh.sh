@@ -52,11 +52,12 @@ if [ ${#libs[@]} -gt 1 ]; then
   sed -n '/Best of the kernels/,$p' "$OUT/ab.txt" | grep '^|' | tee -a "$OUT/summary.txt"
 fi
 # bench [args...] > file: kbit bench; its output check (new in session 62, first run here) failing
-# is status 1 (the JSON is written, the failures printed); any other failure reruns it unchecked
+# is status 3 (the JSON is written, the failures printed, make_dispatch skips those cells); any
+# other failure but a timeout (124) reruns it unchecked
 bench() {
   timeout 200 python3 -m kbit.cli bench "$@"
   local rc=$?
-  if [ $rc -ne 0 ] && [ $rc -ne 1 ]; then
+  if [ $rc -ne 0 ] && [ $rc -ne 3 ] && [ $rc -ne 124 ]; then
     echo "kbit bench rc $rc: rerun with --no-check"
     timeout 200 python3 -m kbit.cli bench --no-check "$@"
     rc=$?
@@ -66,7 +67,7 @@ bench() {
 newer=()
 for i in $(seq 1 "$RUNS"); do
   bench --suite linear --m "$M" --k "$K" --json "$OUT/${TAG}_$i.json" > "$OUT/${TAG}_$i.txt" 2>&1
-  say "dispatch run $i: rc $? (1: output check failed); $(grep -E 'output check|OUTPUT CHECK|rerun' "$OUT/${TAG}_$i.txt" | head -3 | tr '\n' ' ')"
+  say "dispatch run $i: rc $? (3: output check failed); $(grep -E 'output check|OUTPUT CHECK|rerun' "$OUT/${TAG}_$i.txt" | head -3 | tr '\n' ' ')"
   newer+=("$OUT/${TAG}_$i.json")
 done
 # the current table's sources, from its header: "    NAME.json (a, b only) (device)"

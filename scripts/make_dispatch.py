@@ -5,6 +5,8 @@ measured (shape, k), the fastest kernel at each measured M, as ranges of M.
 
 F@name,name takes only those shapes' cells from F (e.g. the 8192 x 28672 rows, "big", of an
 older library's runs where the newer runs measured only the model shapes); the header says so.
+Cells whose output check failed in a run (its "check_failed", `kbit bench` since session 62) are
+not candidates from that run.
 --newer G [G2 ...] are runs of a newer library that measured only some cells (e.g. `--m 1 --k 2,3`
 after a change to the M = 1 GEMV): every (M, shape, k) they measure is taken from them alone,
 and the other results of their GPU family keep only the cells the newer runs did not measure.
@@ -57,12 +59,13 @@ def pick(runs: list[dict], shapes: dict) -> dict[tuple, dict[int, str]]:
     median over the runs of fp16_us / kernel_us is highest (runs without the cell skipped)."""
     speedups: dict[tuple, dict[str, list[float]]] = {}
     for lin in runs:
+        failed = set(lin.get("check_failed") or ())  # "M,shape,k,column": wrong outputs, never picked
         for key, row in lin["kbit_us"].items():
             m, name, k = key.split(",")
             fp16 = lin["fp16_us"][f"{m},{name}"]
             cell = speedups.setdefault((name, int(m), int(k)), {})
             for kern, us in row.items():
-                if kern in NAMES and us:
+                if kern in NAMES and us and f"{key},{kern}" not in failed:
                     cell.setdefault(kern, []).append(fp16 / us)
     best: dict[tuple, dict[int, str]] = {}
     for (name, m, k), by_kern in speedups.items():

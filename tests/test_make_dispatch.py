@@ -80,3 +80,14 @@ def test_newer_runs_replace_the_cells_they_measure(tmp_path):
     assert "old0.json (1 cells superseded by --newer)" in res.stdout
     # without --newer the older runs outvote it
     assert _tables(_run(*old, new).stdout)["H200"][(2048, 5120, 2)][0] == (1, "mma")
+
+
+def test_cells_that_failed_the_output_check_are_not_picked(tmp_path):
+    row = {"Scalar": 1.0, "MMA": 2.0, "WGMMA": 3.0, "dq+cuBLAS": 4.0}
+    path = _result(tmp_path / "r.json", {(1, "down", 2): row, (1, "down", 4): row})
+    data = json.loads(Path(path).read_text())
+    data["linear"]["check_failed"] = ["1,down,2,Scalar"]  # fastest, but wrong
+    Path(path).write_text(json.dumps(data))
+    table = _tables(_run(path).stdout)["H200"]
+    assert table[(2048, 5120, 2)] == ((1, "mma"),)
+    assert table[(2048, 5120, 4)] == ((1, "gemv"),)

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "before each kernel, clocks not locked; kbit/bench/ncu.py)")
     p.add_argument("--no-check", action="store_true", help="skip the linear suite's output check "
                    "(each kernel's output against the reference once per cell, before timing it; a "
-                   "failed check makes kbit bench exit with status 1)")
+                   "failed check makes kbit bench exit with status 3)")
     p.add_argument("--from-json", metavar="PATH", help="with --plot: plot a saved --json result "
                    "instead of running (no GPU needed)")
 
@@ -133,7 +133,11 @@ def run(args) -> int:
         result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, linear_shapes,
                                       args.repeats, kernels, check=not args.no_check)
     rc = _finish(args, result, result.get("linear"), info)
-    return 1 if result.get("linear", {}).get("check_failed") else rc
+    if result.get("linear", {}).get("check_failed"):
+        from .linear_suite import CHECK_FAILED_STATUS
+
+        return CHECK_FAILED_STATUS
+    return rc
 
 
 def _finish(args, result: dict, linear: dict | None, info: dict) -> int:

@@ -12,7 +12,7 @@ copies to exceed L2 several times; CUDA-graph replay, median.
 Before a kernel's cell is timed, its output is checked once (unless check=False): the output
 poisoned with NaN, one call, then its relative Frobenius error against the reference
 (kbit.reference.dequantize in float32, product in float64, as the tests) must be <= CHECK_TOL, or the cell is
-reported as failed and `kbit bench` exits with status 1. A timing A/B of a new kernel form thus
+reported as failed and `kbit bench` exits with status 3 (CHECK_FAILED_STATUS). A timing A/B of a new kernel form thus
 also says whether that form computes the right numbers.
 """
 
@@ -39,6 +39,7 @@ DISPATCH_NAMES = {"Scalar": "gemv", "MMA": "mma", "WGMMA": "wgmma", "dq+cuBLAS":
 # kernels' own rounding (weights rounded to fp16 twice, fp32 sums, the fp16 output) and far below
 # what a wrong index, scale or tile produces (~1e-1 and up)
 CHECK_TOL = 2e-3
+CHECK_FAILED_STATUS = 3  # kbit bench's exit status where a check failed (1 is an uncaught error)
 
 
 def check_output(call, y, want) -> float:
@@ -132,16 +133,17 @@ def kbit_calls(wt, m, k, x, y, kernels):
     table's column order; call(i) uses pack copy i. Every cell gets at least one kernel."""
     K, N = wt.K, wt.N
     q, packs = wt.q[k], wt.packs[k]
+    e = q.absmax_exponent
     calls = {}
     if "Scalar" in kernels and m <= ops.GEMV_MAX_M:
-        calls["Scalar"] = lambda i: ops.gemv_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y)
+        calls["Scalar"] = lambda i: ops.gemv_out(x, packs[i][0], packs[i][1], q.codebook, N, K, e, None, y)
     if "MMA" in kernels and ops.mma_supports(m, K, N, k, "cuda"):
-        calls["MMA"] = lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y)
+        calls["MMA"] = lambda i: ops.mma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, e, None, y)
     if "WGMMA" in kernels and ops.wgmma_supports(m, K, N, k, "cuda"):
-        calls["WGMMA"] = lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, 0, None, y)
+        calls["WGMMA"] = lambda i: ops.wgmma_out(x, packs[i][0], packs[i][1], q.codebook, N, K, e, None, y)
 
     def dq(i):
-        ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", 0, wt.buf)
+        ops.dequantize_out(packs[i][0], packs[i][1], q.codebook, N, K, "tiled64", e, wt.buf)
         torch.matmul(x, wt.buf.T, out=y)
 
     if "dq+cuBLAS" in kernels or not calls:
@@ -208,7 +210,8 @@ def run_linear(ms: list[int], ks: list[int], shapes: list[str], repeats: int,
     return {
         **tables_json(kernels, results, fp16, weight_bytes),
         "check_tol": CHECK_TOL if checks is not None else None,
-        "check_rel_err": None if checks is None else {",".join(map(str, key)): v for key, v in checks.items()},
+        "check_rel_err": None if checks is None else {  # None: not finite (strict JSON has no NaN)
+            ",".join(map(str, key)): (v if v == v else None) for key, v in checks.items()},
         "check_failed": failed,
         "floor_us": floor,
         "eager_linear_m1_wall_us": wall,
