@@ -9,8 +9,8 @@
 #   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
 #      --m $M --k $K` (default M = 1, k = 2,3) -> $OUT/$TAG_<i>.json (TAG default
 #      bench_<gpu>_$VER, VER default new: name them as they will sit in docs/);
-#   3. the dispatch table again (scripts/make_dispatch.py): the sources named in
-#      kbit/dispatch_table.py's header (from docs/) with the new runs as --newer ->
+#   3. the dispatch table again (scripts/make_dispatch.py --again: the results the current
+#      kbit/dispatch_table.py names, from docs/) with the new runs as --newer ->
 #      $OUT/dispatch_table.py, also put in place here for step 4;
 #   4. `kbit bench --m $M --k $BK` (default every k; all suites: the main job at those M) with that table ->
 #      $OUT/bench.txt / bench.json.
@@ -70,18 +70,7 @@ for i in $(seq 1 "$RUNS"); do
   say "dispatch run $i: rc $? (3: output check failed); $(grep -E 'output check|OUTPUT CHECK|rerun' "$OUT/${TAG}_$i.txt" | head -3 | tr '\n' ' ')"
   newer+=("$OUT/${TAG}_$i.json")
 done
-# the current table's sources, from its header: "    NAME.json (a, b only) (device)"
-mapfile -t src < <(python3 - <<'PY'
-import re
-doc = open("kbit/dispatch_table.py").read().split('"""')[1]
-for line in doc.splitlines():
-    m = re.match(r"    (\S+\.json)(?: \(([^)]*) only\))?", line)
-    if m and "(newer" not in line:
-        print("docs/" + m[1] + ("@" + m[2].replace(", ", ",") if m[2] else ""))
-PY
-)
-mapfile -t old_newer < <(sed -n '/^"""/,/^"""/p' kbit/dispatch_table.py | grep "(newer" | awk '{print "docs/" $1}')
-if python3 scripts/make_dispatch.py "${src[@]}" --newer "${old_newer[@]}" "${newer[@]}" > "$OUT/dispatch_table.py" \
+if python3 scripts/make_dispatch.py --again kbit/dispatch_table.py --newer "${newer[@]}" > "$OUT/dispatch_table.py" \
      2> "$OUT/make_dispatch.log"; then
   diff kbit/dispatch_table.py "$OUT/dispatch_table.py" > "$OUT/dispatch_diff.txt"
   cp "$OUT/dispatch_table.py" kbit/dispatch_table.py

@@ -7,6 +7,9 @@ F@name,name takes only those shapes' cells from F (e.g. the 8192 x 28672 rows, "
 older library's runs where the newer runs measured only the model shapes); the header says so.
 Cells whose output check failed in a run (its "check_failed", `kbit bench` since session 62) are
 not candidates from that run.
+--again TABLE takes the results a generated table names in its docstring (from --docs, default
+docs/), so that a refresh passes only the new runs:
+    python scripts/make_dispatch.py --again kbit/dispatch_table.py --newer G1 G2 > F
 --newer G [G2 ...] are runs of a newer library that measured only some cells (e.g. `--m 1 --k 2,3`
 after a change to the M = 1 GEMV): every (M, shape, k) they measure is taken from them alone,
 and the other results of their GPU family keep only the cells the newer runs did not measure.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -75,13 +79,37 @@ def pick(runs: list[dict], shapes: dict) -> dict[tuple, dict[int, str]]:
     return best
 
 
+def sources_of(table: str, docs: str) -> tuple[list[str], list[str]]:
+    """The results a generated table was made from, as arguments again: (F[@names] ..., the
+    --newer ones), read from its docstring's lines "    NAME.json [(a, b only)] [(...)] (device)"
+    and looked up in the directory docs."""
+    plain, newer = [], []
+    for line in Path(table).read_text().split('"""')[1].splitlines():
+        m = re.match(r"    (\S+\.json)(?: \(([^)]*) only\))?", line)
+        if m:
+            path = str(Path(docs) / m[1])
+            if "(newer" in line:
+                newer.append(path)
+            else:
+                plain.append(path + ("@" + m[2].replace(", ", ",") if m[2] else ""))
+    return plain, newer
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("json", nargs="+")
+    p.add_argument("json", nargs="*")
     p.add_argument("--newer", nargs="+", default=[], metavar="G",
                    help="results of a newer library whose cells replace the others' (same GPU family)")
+    p.add_argument("--again", metavar="TABLE", help="also the results TABLE (a generated "
+                   "kbit/dispatch_table.py) was made from, with their filters and --newer runs, from --docs")
+    p.add_argument("--docs", default="docs", help="where --again finds the results (default docs)")
     p.add_argument("--default", help="the GPU family other GPUs use (default: the first result's)")
     args = p.parse_args()
+    if args.again:
+        plain, newer = sources_of(args.again, args.docs)
+        args.json, args.newer = plain + args.json, newer + args.newer
+    if not args.json and not args.newer:
+        p.error("no results given")
     runs: dict[str, list] = {}  # family -> [(path, device, linear section)]
     newer: dict[str, set] = {}  # family -> the cells ("M,shape,k") the --newer runs measured
     for arg in args.newer + args.json:

@@ -91,3 +91,23 @@ def test_cells_that_failed_the_output_check_are_not_picked(tmp_path):
     table = _tables(_run(path).stdout)["H200"]
     assert table[(2048, 5120, 2)] == ((1, "mma"),)
     assert table[(2048, 5120, 4)] == ((1, "gemv"),)
+
+
+def test_again_takes_the_results_a_table_names(tmp_path):
+    def row(fast):
+        return {c: (1.0 if c == fast else 5.0) for c in ("Scalar", "MMA", "WGMMA", "dq+cuBLAS")}
+
+    a = _result(tmp_path / "a.json", {(1, "down", 2): row("MMA"), (1, "big", 2): row("MMA")})
+    b = _result(tmp_path / "b.json", {(1, "big", 2): row("WGMMA"), (1, "Q", 2): row("MMA")})
+    first = _run(a, b + "@big", "--newer", _result(tmp_path / "n.json", {(1, "Q", 2): row("Scalar")}))
+    assert first.returncode == 0, first.stderr
+    table = tmp_path / "table.py"
+    table.write_text(first.stdout)
+    # the same results again, found from the table's docstring: the same table
+    again = _run("--again", str(table), "--docs", str(tmp_path))
+    assert again.returncode == 0, again.stderr
+    assert _tables(again.stdout) == _tables(first.stdout)
+    # plus a newer run of down: only that cell moves
+    newer = _result(tmp_path / "n2.json", {(1, "down", 2): row("Scalar")})
+    moved = _tables(_run("--again", str(table), "--docs", str(tmp_path), "--newer", newer).stdout)["H200"]
+    assert moved == {**_tables(first.stdout)["H200"], (2048, 5120, 2): ((1, "gemv"),)}

@@ -87,7 +87,7 @@ def run(args) -> int:
     if not kbit.native_available():
         print(f"kbit bench needs the native CUDA library: {kbit.native_status()}", file=sys.stderr)
         return 2
-    from .linear_suite import DENSE, EXTRA, run_linear
+    from .linear_suite import CHECK_FAILED_STATUS, DENSE, EXTRA, run_linear
     from .ops_suite import run_ops
     from .timing import device_report, set_after_fill
 
@@ -133,11 +133,7 @@ def run(args) -> int:
         result["linear"] = run_linear([int(m) for m in args.m.split(",")], ks, linear_shapes,
                                       args.repeats, kernels, check=not args.no_check)
     rc = _finish(args, result, result.get("linear"), info)
-    if result.get("linear", {}).get("check_failed"):
-        from .linear_suite import CHECK_FAILED_STATUS
-
-        return CHECK_FAILED_STATUS
-    return rc
+    return CHECK_FAILED_STATUS if result.get("linear", {}).get("check_failed") else rc
 
 
 def _finish(args, result: dict, linear: dict | None, info: dict) -> int:
