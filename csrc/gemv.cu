@@ -224,11 +224,9 @@ __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel)
 // KBIT_GEMV_TC_DEFAULT: which k at M = 1 take gemv_tc_kernel unless KBIT_GEMV_TC says (the
 // values of tc_mode: 0, 1 or a mask of k). H100, session 62 (NOTES.md v71): with 12 (k = 2 and 3)
 // the dense M = 1 Scalar TOTAL went k = 2 16.9 -> 15.2 us, k = 3 19.7 -> 16.7; k = 4 on tensor
-// cores is slower (19.0 -> 28.0). Still 0: this form of the kernel (unit 0 decoded while x is
-// read, one accumulator set) was timed but its GPU tests have not run yet (no device time left);
-// set 12 once `pytest tests` passes with KBIT_GEMV_TC=12.
+// cores is slower (19.0 -> 28.0), so k = 4, 5 stay on the rows kernel.
 #ifndef KBIT_GEMV_TC_DEFAULT
-#define KBIT_GEMV_TC_DEFAULT 0
+#define KBIT_GEMV_TC_DEFAULT 12
 #endif
 // KBIT_GEMV_TC_PREWAIT (experiment, default 0; not measured yet): with stable weights (PDL modes
 // 2, 3), gemv_tc_kernel decodes unit 0 (k <= 3) before the PDL wait, over the previous kernel's

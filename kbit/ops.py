@@ -525,7 +525,7 @@ def force_gemv_tc(on: int) -> None:
     """Tests and experiments: the M = 1, k = 2..4 GEMV on tensor cores (gemv_tc_kernel,
     csrc/gemv.cu; E4M4 scales) wherever it applies (1), never (0: the coalesced rows kernel), for
     the k whose bit is set (other values: bit k, e.g. 12 = k = 2 and 3), or the library's default
-    (-1: KBIT_GEMV_TC if set, else the build's default, 0 for now)."""
+    (-1: KBIT_GEMV_TC if set, else the build's default, 12)."""
     if _lib.available():
         _lib._lib.kbit_gemv_force_tc(int(on))
 
