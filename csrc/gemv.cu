@@ -228,12 +228,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel)
 #ifndef KBIT_GEMV_TC_DEFAULT
 #define KBIT_GEMV_TC_DEFAULT 12
 #endif
-// KBIT_GEMV_TC_PREWAIT (experiment, default 0; not measured yet): with stable weights (PDL modes
-// 2, 3), gemv_tc_kernel decodes unit 0 (k <= 3) before the PDL wait, over the previous kernel's
-// tail, instead of while x is read.
-#ifndef KBIT_GEMV_TC_PREWAIT
-#define KBIT_GEMV_TC_PREWAIT 0
-#endif
 template <int K_BITS>
 constexpr int x_pad(int rl) { return KBIT_GEMV_XPAD && !(K_BITS == 4 && rl == 16) ? 4 : 0; }
 template <int K_BITS>
@@ -787,15 +781,15 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   // kPre (k <= 3): unit 0 of the first round decoded (prep) while x is read; the other units where
   // they are used. H100 (v71): k = 2, 3 dense M = 1 TOTAL 19.0 -> 15.3, 23.8 -> 17.6 us against
   // decoding every unit where it is used. k = 4 keeps the plain order (its form is not the default).
+  // Decoding unit 0 before the PDL wait instead (session 63, H100, v72: k = 2 +-0.1 us per shape,
+  // k = 3 +0.2..+1.8 us with 20 more registers) was slower: x's read already hides it.
   constexpr bool kPre = K_BITS <= 3;
   Dec pre[kTileBlocks];  // unused where !kPre
   auto prep_unit0 = [&]() {
 #pragma unroll
     for (int h = 0; h < kTileBlocks; h++) prep(std::false_type{}, 0, h, pre[h]);
   };
-  constexpr bool kPreWait = kPre && KBIT_GEMV_TC_PREWAIT;
   load_round(0);
-  if (kPreWait && early) prep_unit0();
   if (early) pdl_wait();
   if (pdl == 2) pdl_trigger();
   // x -> T in shared memory (k-tile t at t * kTileLen), 8 values per thread and step, zeros past K
@@ -828,7 +822,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
 #pragma unroll
     for (int st = 0; st < 2; st++)
       if (xi + st * x_step < KT * 64) xr[st] = x_load(xi + st * x_step);
-    if (!(kPreWait && early)) prep_unit0();
+    prep_unit0();
 #pragma unroll
     for (int st = 0; st < 2; st++)
       if (xi + st * x_step < KT * 64) x_store(xi + st * x_step, xr[st]);

@@ -2,25 +2,28 @@
 do not edit by hand. Regenerate with, on each GPU (two or more runs each):
 
     kbit bench --suite linear --m 1,2,3,4,8,16,24,28,32,48,64,128,256,1024,4096 --json F
-    python scripts/make_dispatch.py F1 F2 ... > kbit/dispatch_table.py
+    python scripts/make_dispatch.py F1 F2 ... [--newer G1 G2 ...] > kbit/dispatch_table.py
 
 TABLES[family][(N, K, k)] = ((largest M, kernel), ...) in increasing M: the fastest of the
 scalar GEMV, mma, wgmma and dequantize + cuBLAS ("gemv", "mma", "wgmma", "dq") measured at
 that M on GPUs of that family (highest median speedup over the runs); GPUs of other families
 use DEFAULT_FAMILY's table, shapes not in a table DEFAULT. Sources:
 H100 (M = 1,2,3,4,8,16,24,28,32,48,64,128,256,1024,4096):
-    bench_h100_v67_table1.json (NVIDIA H100 80GB HBM3)
-    bench_h100_v67_table2.json (NVIDIA H100 80GB HBM3)
-    bench_h100_v67_table3.json (NVIDIA H100 80GB HBM3)
-    bench_h100_v66_table1.json (KV, O, Q, down only) (NVIDIA H100 80GB HBM3)
-    bench_h100_v66_table2.json (KV, O, Q, down only) (NVIDIA H100 80GB HBM3)
-    bench_h100_v66_table3.json (KV, O, Q, down only) (NVIDIA H100 80GB HBM3)
-    bench_h100_v66b_table1.json (KV, O, Q, down only) (NVIDIA H100 80GB HBM3)
-    bench_h100_v66b_table2.json (KV, O, Q, down only) (NVIDIA H100 80GB HBM3)
-    bench_h100_v66b_table3.json (KV, O, Q, down only) (NVIDIA H100 80GB HBM3)
-    bench_h100_v50b.json (big only) (NVIDIA H100 80GB HBM3)
-    bench_h100_v52.json (big only) (NVIDIA H100 80GB HBM3)
-    bench_h100_v52b.json (big only) (NVIDIA H100 80GB HBM3)
+    bench_h100_v72_table1.json (newer: its cells replace the others') (NVIDIA H100 80GB HBM3)
+    bench_h100_v72_table2.json (newer: its cells replace the others') (NVIDIA H100 80GB HBM3)
+    bench_h100_v72_table3.json (newer: its cells replace the others') (NVIDIA H100 80GB HBM3)
+    bench_h100_v67_table1.json (300 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v67_table2.json (300 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v67_table3.json (300 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v66_table1.json (KV, O, Q, down only) (240 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v66_table2.json (KV, O, Q, down only) (240 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v66_table3.json (KV, O, Q, down only) (240 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v66b_table1.json (KV, O, Q, down only) (240 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v66b_table2.json (KV, O, Q, down only) (240 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v66b_table3.json (KV, O, Q, down only) (240 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v50b.json (big only) (44 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v52.json (big only) (32 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
+    bench_h100_v52b.json (big only) (32 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
 H200 (M = 1,2,3,4,8,16,24,28,32,48,64,128,256,1024,4096):
     bench_h200_v64_table1.json (NVIDIA H200)
     bench_h200_v64_table2.json (NVIDIA H200)
@@ -35,26 +38,26 @@ TABLES = {
         (512, 2048, 2): ((2, 'gemv'), (32, 'mma'), (256, 'wgmma')),
         (512, 2048, 3): ((2, 'gemv'), (32, 'mma'), (256, 'wgmma')),
         (512, 2048, 4): ((2, 'gemv'), (32, 'mma'), (256, 'wgmma')),
-        (512, 2048, 5): ((2, 'gemv'), (24, 'mma'), (28, 'wgmma'), (32, 'mma'), (256, 'wgmma')),
+        (512, 2048, 5): ((2, 'gemv'), (32, 'mma'), (256, 'wgmma')),
         (2048, 4096, 2): ((1, 'gemv'), (32, 'mma'), (4096, 'wgmma')),
-        (2048, 4096, 3): ((1, 'gemv'), (32, 'mma'), (4096, 'wgmma')),
+        (2048, 4096, 3): ((1, 'gemv'), (32, 'mma'), (256, 'wgmma'), (1024, 'dq'), (4096, 'wgmma')),
         (2048, 4096, 4): ((1, 'gemv'), (24, 'mma'), (4096, 'wgmma')),
         (2048, 4096, 5): ((1, 'gemv'), (24, 'mma'), (256, 'wgmma')),
-        (2048, 5120, 2): ((28, 'mma'), (4096, 'wgmma')),
+        (2048, 5120, 2): ((1, 'gemv'), (28, 'mma'), (4096, 'wgmma')),
         (2048, 5120, 3): ((1, 'gemv'), (32, 'mma'), (4096, 'wgmma')),
-        (2048, 5120, 4): ((24, 'mma'), (4096, 'wgmma')),
+        (2048, 5120, 4): ((1, 'gemv'), (24, 'mma'), (4096, 'wgmma')),
         (2048, 5120, 5): ((1, 'gemv'), (16, 'mma'), (1024, 'wgmma')),
         (4096, 2048, 2): ((1, 'gemv'), (16, 'mma'), (1024, 'wgmma')),
-        (4096, 2048, 3): ((1, 'gemv'), (24, 'mma'), (4096, 'wgmma')),
+        (4096, 2048, 3): ((1, 'gemv'), (24, 'mma'), (1024, 'wgmma')),
         (4096, 2048, 4): ((1, 'gemv'), (28, 'mma'), (4096, 'wgmma')),
         (4096, 2048, 5): ((1, 'gemv'), (24, 'mma'), (1024, 'wgmma')),
-        (5120, 2048, 2): ((1, 'gemv'), (16, 'mma'), (256, 'wgmma')),
-        (5120, 2048, 3): ((1, 'gemv'), (24, 'mma'), (256, 'wgmma')),
+        (5120, 2048, 2): ((1, 'gemv'), (24, 'mma'), (256, 'wgmma')),
+        (5120, 2048, 3): ((1, 'gemv'), (24, 'mma'), (256, 'wgmma'), (1024, 'dq'), (4096, 'wgmma')),
         (5120, 2048, 4): ((1, 'gemv'), (24, 'mma'), (256, 'wgmma'), (1024, 'dq'), (4096, 'wgmma')),
         (5120, 2048, 5): ((1, 'gemv'), (16, 'mma'), (256, 'wgmma')),
         (28672, 8192, 2): ((16, 'mma'), (64, 'wgmma')),
-        (28672, 8192, 3): ((24, 'mma'), (64, 'wgmma')),
-        (28672, 8192, 4): ((28, 'mma'), (64, 'wgmma')),
+        (28672, 8192, 3): ((16, 'mma'), (64, 'wgmma')),
+        (28672, 8192, 4): ((16, 'mma'), (64, 'wgmma')),
         (28672, 8192, 5): ((16, 'mma'), (64, 'wgmma')),
     },
     'H200': {
