@@ -686,7 +686,8 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   if (pdl > 0 && !early) pdl_wait();
   // the codebook x 16 as T pairs (entries 2i, 2i + 1): times the scales / 16 of
   // e4m4_pair_div16, the same products as T(codebook) x T(scale) (powers of two; codebook entries
-  // are in [-1, 1])
+  // are in [-1, 1]), except for fp16 entries below 2^-14 in magnitude, which T(16 x entry) keeps
+  // more exactly than fp16's subnormals did (review, session 63)
   uint32_t cb2[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; i++)
@@ -987,8 +988,9 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
     }
   }
-  // experiment (sessions 58-59, KBIT_GEMV_TC=1): k = 2..4 at M = 1 on tensor cores with byte-table
-  // lookups (gemv_tc_kernel) with the rows kernel's CTA as 8-row groups: gateup 5 groups x 2 warps
+  // M = 1 on tensor cores with byte-table lookups (gemv_tc_kernel; by default k = 2, 3, see
+  // KBIT_GEMV_TC_DEFAULT; KBIT_GEMV_TC / kbit_gemv_force_tc) with the rows kernel's CTA as 8-row
+  // groups: gateup 5 groups x 2 warps
   // (k = 3: 2 x 4), Q 4 x 2, O 2 x 4, down 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4
   // (32 k-tiles: one unit per lane); other choices keep the rows kernel. E4M4 scales only: codebook
   // x scale is rounded to T, and fp32 absmax scales can fall outside fp16's range (see
