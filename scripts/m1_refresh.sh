@@ -23,7 +23,14 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$gpu" in *H200*) fam=h200 ;; *H100*) fam=h100 ;; *) fam=gpu ;; esac
 TAG=${TAG:-bench_${fam}_${VER:-new}}
 T0=$SECONDS
-say() { echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
+# At most 8 files come back from a device call: logs go to $L and, after every step, into
+# $OUT/logs.tgz; $OUT keeps summary.txt, ab.txt, the dispatch runs' JSONs, dispatch_table.py,
+# bench.txt / .json and logs.tgz.
+L=$(mktemp -d)
+say() {
+  echo "[$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"
+  tar -czf "$OUT/logs.tgz" -C "$L" . 2> /dev/null
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$OUT/summary.txt"
 others=("$o"/{api,dequantize,mma,quantize,repack,wgmma}.o)
 libs=(main=.carry/objs/kbit.so)
@@ -37,16 +44,16 @@ nvcc -shared -arch=sm_90a "${others[@]}" "$o/gemv.o" -o .carry/objs/kbit.so -cud
 wait
 export KBIT_LIBRARY=$repo/.carry/objs/kbit.so PYTHONPATH=$repo PYTHONUNBUFFERED=1
 # shellcheck disable=SC2086
-timeout 300 python3 -m pytest -q -p no:cacheprovider $SUITE > "$OUT/t_suite.log" 2>&1
-say "GPU suite ($SUITE): $(tail -1 "$OUT/t_suite.log")"
-grep -E "^(FAILED|ERROR)" "$OUT/t_suite.log" | head -8 | tee -a "$OUT/summary.txt"
+timeout 300 python3 -m pytest -q -p no:cacheprovider $SUITE > "$L/t_suite.log" 2>&1
+say "GPU suite ($SUITE): $(tail -1 "$L/t_suite.log")"
+grep -E "^(FAILED|ERROR)" "$L/t_suite.log" | head -8 | tee -a "$OUT/summary.txt"
 sanitize() {
-  timeout 150 compute-sanitizer --tool "$1" python3 scripts/sanitize_ops.py "$SAN" > "$OUT/$1_$SAN.log" 2>&1
-  say "$1 $SAN: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$OUT/$1_$SAN.log" | tr '\n' ' ')"
+  timeout 150 compute-sanitizer --tool "$1" python3 scripts/sanitize_ops.py "$SAN" > "$L/$1_$SAN.log" 2>&1
+  say "$1 $SAN: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$L/$1_$SAN.log" | tr '\n' ' ')"
 }
 sanitize memcheck
 if [ ${#libs[@]} -gt 1 ]; then
-  ROUNDS=${AB_ROUNDS:-2} BENCH_ARGS="--m $M --k $K --kernels Scalar --shapes gateup,down,Q,O,KV" OUT=$OUT/ab \
+  ROUNDS=${AB_ROUNDS:-2} BENCH_ARGS="--m $M --k $K --kernels Scalar --shapes gateup,down,Q,O,KV" OUT=$L/ab \
     timeout 200 bash scripts/lib_ab.sh "${libs[@]}" > "$OUT/ab.txt" 2>&1
   say "A/B ${libs[*]}: done"
   sed -n '/Best of the kernels/,$p' "$OUT/ab.txt" | grep '^|' | tee -a "$OUT/summary.txt"
@@ -66,18 +73,18 @@ bench() {
 }
 newer=()
 for i in $(seq 1 "$RUNS"); do
-  bench --suite linear --m "$M" --k "$K" --json "$OUT/${TAG}_$i.json" > "$OUT/${TAG}_$i.txt" 2>&1
-  say "dispatch run $i: rc $? (3: output check failed); $(grep -E 'output check|OUTPUT CHECK|rerun' "$OUT/${TAG}_$i.txt" | head -3 | tr '\n' ' ')"
+  bench --suite linear --m "$M" --k "$K" --json "$OUT/${TAG}_$i.json" > "$L/${TAG}_$i.txt" 2>&1
+  say "dispatch run $i: rc $? (3: output check failed); $(grep -E 'output check|OUTPUT CHECK|rerun' "$L/${TAG}_$i.txt" | head -3 | tr '\n' ' ')"
   newer+=("$OUT/${TAG}_$i.json")
 done
 if python3 scripts/make_dispatch.py --again kbit/dispatch_table.py --newer "${newer[@]}" > "$OUT/dispatch_table.py" \
-     2> "$OUT/make_dispatch.log"; then
-  diff kbit/dispatch_table.py "$OUT/dispatch_table.py" > "$OUT/dispatch_diff.txt"
+     2> "$L/make_dispatch.log"; then
+  diff kbit/dispatch_table.py "$OUT/dispatch_table.py" > "$L/dispatch_diff.txt"
   cp "$OUT/dispatch_table.py" kbit/dispatch_table.py
-  say "dispatch table: $(grep -c '^[<>]   ' "$OUT/dispatch_diff.txt") changed rows (dispatch_diff.txt)"
-  grep '^[<>]   ' "$OUT/dispatch_diff.txt" | head -16 | tee -a "$OUT/summary.txt"
+  say "dispatch table: $(grep -c '^[<>]   ' "$L/dispatch_diff.txt") changed rows (dispatch_diff.txt in logs.tgz)"
+  grep '^[<>]   ' "$L/dispatch_diff.txt" | head -16 | tee -a "$OUT/summary.txt"
 else
-  say "make_dispatch failed: $(tail -3 "$OUT/make_dispatch.log")"
+  say "make_dispatch failed: $(tail -3 "$L/make_dispatch.log")"
 fi
 bench --m "$M" --k "$BK" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 say "bench --m $M: rc $?; $(grep -E 'output check|OUTPUT CHECK|rerun' "$OUT/bench.txt" | head -3 | tr '\n' ' ')"
