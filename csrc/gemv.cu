@@ -615,6 +615,21 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
   }
 }
 
+// An E4M4 code (0..255) -> its value / 16 as a T pair, exactly. The code shifted left by 6 is an
+// fp16 with the code's exponent and mantissa fields (bias 15 against E4M4's 11, and E4M4's
+// subnormals, m * 2^-14, land on fp16's), so at fp16 one multiply by 0x00400040 makes the pair
+// (v72: ~10 instructions of a float decode + pack per block before); bf16 goes through float.
+// H100 (NOTES.md v74): dense M = 1 TOTAL k = 2 15.5 -> 15.0 us, k = 3 17.0 -> 16.3 (2 rounds).
+template <typename T>
+__device__ __forceinline__ uint32_t e4m4_pair_div16(uint32_t code) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return code * 0x00400040u;
+  } else {
+    const float f = __half2float(__ushort_as_half(static_cast<unsigned short>(code << 6)));
+    return Pair<T>::pack(f, f);
+  }
+}
+
 // gemv_tc_kernel: M = 1, k = 2..4 with the products on tensor cores (sessions 58-59, experiment:
 // KBIT_GEMV_TC=1). Why: the rows kernel's decode costs ~1.1-1.5 us of every M = 1 call (H100,
 // NOTES.md v68: the same kernel without it is that much faster per shape) at ~3.7 instructions per
@@ -654,6 +669,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
     int absmax_format, const float* __restrict__ codebook, int64_t N, int64_t K, int64_t KT,
     float shift_up, bool vec_x, const T* __restrict__ bias, T* __restrict__ out, int64_t ldo, int pdl) {
   static_assert(K_BITS >= 2 && K_BITS <= 4, "gemv_tc_kernel: k = 2..4");
+  if (absmax_format != KBIT_ABSMAX_E4M4) __trap();  // launch_rows takes this kernel for E4M4 only
   extern __shared__ float4 rows_smem[];
   constexpr int kTileLen = 64 + 4;          // T values per staged k-tile (4 of padding)
   constexpr int kPairs = 1 << (K_BITS - 1);  // codebook entries as T pairs
@@ -669,10 +685,14 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
   const bool row_ok = n < N;
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
-  // the codebook as T pairs (entries 2i, 2i + 1)
+  // the codebook x 16 as T pairs (entries 2i, 2i + 1): times the scales / 16 of
+  // e4m4_pair_div16, the same products as T(codebook) x T(scale) (powers of two; codebook entries
+  // are in [-1, 1]), except for fp16 entries below 2^-14 in magnitude, which T(16 x entry) keeps
+  // more exactly than fp16's subnormals did (review, session 63)
   uint32_t cb2[kPairs];
 #pragma unroll
-  for (int i = 0; i < kPairs; i++) cb2[i] = Pair<T>::pack(__ldg(codebook + 2 * i), __ldg(codebook + 2 * i + 1));
+  for (int i = 0; i < kPairs; i++)
+    cb2[i] = Pair<T>::pack(16.f * __ldg(codebook + 2 * i), 16.f * __ldg(codebook + 2 * i + 1));
   // k = 4: a symmetric codebook (entry 15 - i = -entry i, as the nf codebooks) takes the
   // magnitude table (8 entries, half the prmt work); any other the full 16-entry one
   bool sym = K_BITS == 4;
@@ -702,7 +722,7 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
 #pragma unroll
         for (int h = 0; h < kTileBlocks; h++) {
           load_words<K_BITS, true>(tile[u][p].w[h], packed + (blk + h) * K_BITS);
-          tile[u][p].sbits[h] = load_absmax_bits_if<true>(absmax, absmax_format, blk + h, ok);
+          tile[u][p].sbits[h] = load_absmax_bits_if<true>(absmax, KBIT_ABSMAX_E4M4, blk + h, ok);
         }
       }
     }
@@ -728,9 +748,22 @@ __global__ void __launch_bounds__(32 * GR * WG) gemv_tc_kernel(
         for (int b = 0; b < 3; b++) d.t[p][b] = ~(d.t[p][b] ^ w3);
         d.t[p][3] = ~w3;
       }
-      nibble_transpose(d.t[p][0], d.t[p][1], d.t[p][2], d.t[p][3]);  // nibble j of t[r]: value 4j + r
-      const float sf = absmax_of_bits(tile[u][p].sbits[h], absmax_format);
-      const uint32_t s2 = Pair<T>::pack(sf, sf);
+      if constexpr (K_BITS == 2) {
+        // two planes: z holds even values' indices as 2-bit fields (bits 2m, 2m + 1: value 2m),
+        // zo the odd ones'; then t[r] = one 2-bit field per nibble (~10 instructions against the
+        // 4 delta swaps' ~16; same words). H100 (NOTES.md v74): dense M = 1 k = 2 TOTAL 15.0 ->
+        // 14.7 us over 2 rounds (the rounds' spread is ~0.3)
+        const uint32_t w0 = d.t[p][0], w1 = d.t[p][1];
+        const uint32_t z = (w0 & 0x55555555u) | ((w1 << 1) & 0xaaaaaaaau);
+        const uint32_t zo = ((w0 >> 1) & 0x55555555u) | (w1 & 0xaaaaaaaau);
+        d.t[p][0] = z & 0x33333333u;
+        d.t[p][1] = zo & 0x33333333u;
+        d.t[p][2] = (z >> 2) & 0x33333333u;
+        d.t[p][3] = (zo >> 2) & 0x33333333u;
+      } else {
+        nibble_transpose(d.t[p][0], d.t[p][1], d.t[p][2], d.t[p][3]);  // nibble j of t[r]: value 4j + r
+      }
+      const uint32_t s2 = e4m4_pair_div16<T>(tile[u][p].sbits[h]);  // E4M4 only (launch_rows)
 #pragma unroll
       for (int j = 0; j < kT; j++) {  // entries 4j .. 4j + 3 (kSym: 8 + 4j ..) x scale
         const int e = kSym ? 4 + 2 * j : 2 * j;
@@ -970,8 +1003,9 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       c = {16, ceil_div(N, 16) < 2 * sms ? 8 : 4};
     }
   }
-  // experiment (sessions 58-59, KBIT_GEMV_TC=1): k = 2..4 at M = 1 on tensor cores with byte-table
-  // lookups (gemv_tc_kernel) with the rows kernel's CTA as 8-row groups: gateup 5 groups x 2 warps
+  // M = 1 on tensor cores with byte-table lookups (gemv_tc_kernel; by default k = 2, 3, see
+  // KBIT_GEMV_TC_DEFAULT; KBIT_GEMV_TC / kbit_gemv_force_tc) with the rows kernel's CTA as 8-row
+  // groups: gateup 5 groups x 2 warps
   // (k = 3: 2 x 4), Q 4 x 2, O 2 x 4, down 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4
   // (32 k-tiles: one unit per lane); other choices keep the rows kernel. E4M4 scales only: codebook
   // x scale is rounded to T, and fp32 absmax scales can fall outside fp16's range (see

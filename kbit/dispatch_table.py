@@ -12,6 +12,8 @@ H100 (M = 1,2,3,4,8,16,24,28,32,48,64,128,256,1024,4096):
     bench_h100_v72_table1.json (newer: its cells replace the others') (NVIDIA H100 80GB HBM3)
     bench_h100_v72_table2.json (newer: its cells replace the others') (NVIDIA H100 80GB HBM3)
     bench_h100_v72_table3.json (newer: its cells replace the others') (NVIDIA H100 80GB HBM3)
+    bench_h100_v74_m1_1.json (newer: its cells replace the others') (NVIDIA H100 80GB HBM3)
+    bench_h100_v74_m1_2.json (newer: its cells replace the others') (NVIDIA H100 80GB HBM3)
     bench_h100_v67_table1.json (300 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
     bench_h100_v67_table2.json (300 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
     bench_h100_v67_table3.json (300 cells superseded by --newer) (NVIDIA H100 80GB HBM3)

@@ -111,15 +111,25 @@ static std::vector<float> run_kernel(const Prob& P_, int KBITS, int GR, int WG, 
               int64_t ktx = base + u * P + phase0 + 4 * (g & 1);
               xqoff[lane] = (ktx < KT ? ktx : 0) * kTileLen;
               u32 cb2[8];
-              for (int i = 0; i < kPairs; i++) cb2[i] = pack(P_.cb[2 * i], P_.cb[2 * i + 1]);
+              for (int i = 0; i < kPairs; i++) cb2[i] = pack(16.f * P_.cb[2 * i], 16.f * P_.cb[2 * i + 1]);
               for (int p = 0; p < 2; p++) {
                 const Tile& T_ = tile[lane][u][p];
                 u32 w3 = KBITS > 3 ? T_.w[h][KBITS - 1] : 0u;
                 t[lane][p][0] = T_.w[h][0]; t[lane][p][1] = T_.w[h][1];
                 t[lane][p][2] = KBITS > 2 ? T_.w[h][KBITS > 2 ? 2 : 0] : 0u; t[lane][p][3] = w3;
                 if (kSym) { for (int b = 0; b < 3; b++) t[lane][p][b] = ~(t[lane][p][b] ^ w3); t[lane][p][3] = ~w3; }
-                nibble_transpose(t[lane][p][0], t[lane][p][1], t[lane][p][2], t[lane][p][3]);
-                float sf = e4m4_decode(T_.sb[h]); u32 s2 = pack(sf, sf);
+                if (KBITS == 2) {  // the kernel's two-plane form
+                  u32 w0 = t[lane][p][0], w1 = t[lane][p][1];
+                  u32 z = (w0 & 0x55555555u) | ((w1 << 1) & 0xaaaaaaaau);
+                  u32 zo = ((w0 >> 1) & 0x55555555u) | (w1 & 0xaaaaaaaau);
+                  t[lane][p][0] = z & 0x33333333u; t[lane][p][1] = zo & 0x33333333u;
+                  t[lane][p][2] = (z >> 2) & 0x33333333u; t[lane][p][3] = (zo >> 2) & 0x33333333u;
+                } else {
+                  nibble_transpose(t[lane][p][0], t[lane][p][1], t[lane][p][2], t[lane][p][3]);
+                }
+                // e4m4_pair_div16: the code's bits << 6 as fp16 (= value / 16); bf16 via float
+                u32 s2 = T_.sb[h] * 0x00400040u;
+                if (BF) { _Float16 hf; u16 b = u16(T_.sb[h] << 6); memcpy(&hf, &b, 2); s2 = pack((float)hf, (float)hf); }
                 for (int j = 0; j < kT; j++) {
                   int e = kSym ? 4 + 2 * j : 2 * j;
                   u32 e01 = mul2(cb2[e], s2), e23 = mul2(cb2[e + 1], s2);
