@@ -2,8 +2,9 @@
 # Device side of scripts/sass_objs.sh (repo root, carry [".carry/objs"]): link the library from
 # the carried objects, then, in order of value (each step appends to $OUT/summary.txt as it ends,
 # so a machine taken back mid-call still returns what finished):
-#   1. the GPU suite ($SUITE, default tests); compute-sanitizer memcheck of
-#      `scripts/sanitize_ops.py $SAN` (default tc: the tensor-core M = 1 GEMV; racecheck at the end);
+#   1. the GPU suite ($SUITE, default tests; none: skipped); compute-sanitizer memcheck of
+#      `scripts/sanitize_ops.py $SAN` (default tc: the tensor-core M = 1 GEMV; racecheck at the end;
+#      none: neither);
 #   1b. where sass_objs.sh built gemv variants (gemv_NAME.o): an A/B of them against the library,
 #      $AB_ROUNDS (default 2) rounds of M = $M, k = $K, Scalar column, dense shapes -> $OUT/ab.txt;
 #   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
@@ -12,13 +13,15 @@
 #   3. the dispatch table again (scripts/make_dispatch.py --again: the results the current
 #      kbit/dispatch_table.py names, from docs/) with the new runs as --newer ->
 #      $OUT/dispatch_table.py, also put in place here for step 4;
-#   4. `kbit bench --m $M --k $BK` (default every k; all suites: the main job at those M) with that table ->
+#   4. `kbit bench --m $BM --k $BK` (BM default $M, all: the default M list; BK default every k; all
+#      suites: the main job at those M; all: with --plot $OUT/speedup.png) with that table ->
 #      $OUT/bench.txt / bench.json.
 # Copy the JSONs into docs/ and the table into kbit/ afterwards.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 repo=$PWD; o=.carry/objs/o
 M=${M:-1}; K=${K:-2,3}; RUNS=${RUNS:-2}; SAN=${SAN:-tc}; SUITE=${SUITE:-tests}; BK=${BK:-2,3,4,5}
+BM=${BM:-$M}; mflag=(--m "$BM"); [ "$BM" = all ] && mflag=(--plot "$OUT/speedup.png")
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$gpu" in *H200*) fam=h200 ;; *H100*) fam=h100 ;; *) fam=gpu ;; esac
 TAG=${TAG:-bench_${fam}_${VER:-new}}
@@ -43,12 +46,15 @@ done
 nvcc -shared -arch=sm_90a "${others[@]}" "$o/gemv.o" -o .carry/objs/kbit.so -cudart static || { say "link failed"; exit 1; }
 wait
 export KBIT_LIBRARY=$repo/.carry/objs/kbit.so PYTHONPATH=$repo PYTHONUNBUFFERED=1
-# the full suite took 266 s on the H100 in session 64 (a 300 s cap cut it)
-# shellcheck disable=SC2086
-timeout 420 python3 -m pytest -q -p no:cacheprovider $SUITE > "$L/t_suite.log" 2>&1
-say "GPU suite ($SUITE): $(tail -1 "$L/t_suite.log")"
-grep -E "^(FAILED|ERROR)" "$L/t_suite.log" | head -8 | tee -a "$OUT/summary.txt"
+if [ "$SUITE" != none ]; then
+  # the full suite took 266 s on the H100 in session 64 (a 300 s cap cut it)
+  # shellcheck disable=SC2086
+  timeout 420 python3 -m pytest -q -p no:cacheprovider $SUITE > "$L/t_suite.log" 2>&1
+  say "GPU suite ($SUITE): $(tail -1 "$L/t_suite.log")"
+  grep -E "^(FAILED|ERROR)" "$L/t_suite.log" | head -8 | tee -a "$OUT/summary.txt"
+fi
 sanitize() {
+  [ "$SAN" = none ] && return
   timeout 150 compute-sanitizer --tool "$1" python3 scripts/sanitize_ops.py "$SAN" > "$L/$1_$SAN.log" 2>&1
   say "$1 $SAN: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|done' "$L/$1_$SAN.log" | tr '\n' ' ')"
 }
@@ -87,7 +93,8 @@ if python3 scripts/make_dispatch.py --again kbit/dispatch_table.py --newer "${ne
 else
   say "make_dispatch failed: $(tail -3 "$L/make_dispatch.log")"
 fi
-bench --m "$M" --k "$BK" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
-say "bench --m $M: rc $?; $(grep -E 'output check|OUTPUT CHECK|rerun' "$OUT/bench.txt" | head -3 | tr '\n' ' ')"
+bench "${mflag[@]}" --k "$BK" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+say "bench --m $BM: rc $?; $(grep -E 'output check|OUTPUT CHECK|rerun' "$OUT/bench.txt" | head -3 | tr '\n' ' ')"
 grep -E "^\| (TOTAL|dense)|TOTAL" "$OUT/bench.txt" | head -20 | tee -a "$OUT/summary.txt"
+grep -A14 "^Summary: dense TOTAL fp16 / the kernels" "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 sanitize racecheck
