@@ -82,10 +82,12 @@ def test_gemv_rows_configs(device, rows, warps, groups, rng):
     group, one group of one row and three past N), K past the last full tile, K of 71 k-tiles
     (4500: one round of 5 tiles per lane at 16 rows on 8 warps), K near M = 1's 48 KB x limit
     (12000; M = 3, 4 of it pass the 2-CTAs-per-SM limit and fall back), x at an odd element
-    offset (no 16-byte loads), x rows with a padded stride, a bias."""
+    offset (no 16-byte loads), x rows with a padded stride, a bias; K = 2048 (32 k-tiles: at
+    M = 1, k = 2, 3, (8, 10, 5) runs the tensor-core form of 5 groups x 2 warps with 2 units per
+    lane in one round, as gateup does, a case the other K miss)."""
     try:
         ops.force_gemv_rows(rows, warps, groups)
-        for n, kdim in ((1040, 96), (2049, 4021), (1040, 4500), (1024, 12000)):
+        for n, kdim in ((1040, 96), (2049, 4021), (1040, 4500), (1024, 12000), (1040, 2048)):
             for k in (2, 3, 4, 5):
                 q = kbit.repack(kbit.quantize(random_weight(n, kdim, gen=rng, device=device, spread=0.5), k=k))
                 w = ref.dequantize(q.packed.cpu(), q.absmax.cpu(), q.codebook.cpu(), q.shape, q.layout,
