@@ -95,6 +95,6 @@ else
 fi
 bench "${mflag[@]}" --k "$BK" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 say "bench --m $BM: rc $?; $(grep -E 'output check|OUTPUT CHECK|rerun' "$OUT/bench.txt" | head -3 | tr '\n' ' ')"
-grep -E "^\| (TOTAL|dense)|TOTAL" "$OUT/bench.txt" | head -20 | tee -a "$OUT/summary.txt"
+grep -E "^\| TOTAL" "$OUT/bench.txt" | head -20 | tee -a "$OUT/summary.txt"
 grep -A14 "^Summary: dense TOTAL fp16 / the kernels" "$OUT/bench.txt" | tee -a "$OUT/summary.txt"
 sanitize racecheck
