@@ -6,7 +6,9 @@
 #      `scripts/sanitize_ops.py $SAN` (default tc: the tensor-core M = 1 GEMV; racecheck at the end;
 #      none: neither);
 #   1b. where sass_objs.sh built gemv variants (gemv_NAME.o): an A/B of them against the library,
-#      $AB_ROUNDS (default 2) rounds of M = $M, k = $K, Scalar column, dense shapes -> $OUT/ab.txt;
+#      $AB_ROUNDS (default 2) rounds of M = $AB_M, k = $AB_K (default $M, $K), Scalar column, dense
+#      shapes -> $OUT/ab.txt; then $AB_EXTRA (a command line, e.g. an lib_ab.sh sweep of forms
+#      by environment) with its output appended to ab.txt;
 #   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
 #      --m $M --k $K` (default M = 1, k = 2,3) -> $OUT/$TAG_<i>.json (TAG default
 #      bench_<gpu>_$VER, VER default new: name them as they will sit in docs/);
@@ -14,14 +16,15 @@
 #      kbit/dispatch_table.py names, from docs/) with the new runs as --newer ->
 #      $OUT/dispatch_table.py, also put in place here for step 4;
 #   4. `kbit bench --m $BM --k $BK` (BM default $M, all: the default M list; BK default every k; all
-#      suites: the main job at those M; all: with --plot $OUT/speedup.png) with that table ->
-#      $OUT/bench.txt / bench.json.
+#      suites: the main job at those M) with that table -> $OUT/bench.txt / bench.json (plot it
+#      here: kbit bench --from-json bench.json --plot speedup.png; at most 8 files come back).
 # Copy the JSONs into docs/ and the table into kbit/ afterwards.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 repo=$PWD; o=.carry/objs/o
 M=${M:-1}; K=${K:-2,3}; RUNS=${RUNS:-2}; SAN=${SAN:-tc}; SUITE=${SUITE:-tests}; BK=${BK:-2,3,4,5}
-BM=${BM:-$M}; mflag=(--m "$BM"); [ "$BM" = all ] && mflag=(--plot "$OUT/speedup.png")
+AB_M=${AB_M:-$M}; AB_K=${AB_K:-$K}
+BM=${BM:-$M}; mflag=(--m "$BM"); [ "$BM" = all ] && mflag=()
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$gpu" in *H200*) fam=h200 ;; *H100*) fam=h100 ;; *) fam=gpu ;; esac
 TAG=${TAG:-bench_${fam}_${VER:-new}}
@@ -60,10 +63,16 @@ sanitize() {
 }
 sanitize memcheck
 if [ ${#libs[@]} -gt 1 ]; then
-  ROUNDS=${AB_ROUNDS:-2} BENCH_ARGS="--m $M --k $K --kernels Scalar --shapes gateup,down,Q,O,KV" OUT=$L/ab \
+  ROUNDS=${AB_ROUNDS:-2} BENCH_ARGS="--m $AB_M --k $AB_K --kernels Scalar --shapes gateup,down,Q,O,KV" OUT=$L/ab \
     timeout 200 bash scripts/lib_ab.sh "${libs[@]}" > "$OUT/ab.txt" 2>&1
   say "A/B ${libs[*]}: done"
   sed -n '/Best of the kernels/,$p' "$OUT/ab.txt" | grep '^|' | tee -a "$OUT/summary.txt"
+fi
+if [ -n "${AB_EXTRA:-}" ]; then
+  echo "== $AB_EXTRA" >> "$OUT/ab.txt"
+  OUT=$L/abx timeout 200 bash -c "$AB_EXTRA" >> "$OUT/ab.txt" 2>&1
+  say "extra A/B: done"
+  sed -n '/== /,$p' "$OUT/ab.txt" | sed -n '/Best of the kernels/,$p' | grep '^|' | tee -a "$OUT/summary.txt"
 fi
 # bench [args...] > file: kbit bench; its output check (new in session 62, first run here) failing
 # is status 3 (the JSON is written, the failures printed, make_dispatch skips those cells); any
@@ -84,7 +93,9 @@ for i in $(seq 1 "$RUNS"); do
   say "dispatch run $i: rc $? (3: output check failed); $(grep -E 'output check|OUTPUT CHECK|rerun' "$L/${TAG}_$i.txt" | head -3 | tr '\n' ' ')"
   newer+=("$OUT/${TAG}_$i.json")
 done
-if python3 scripts/make_dispatch.py --again kbit/dispatch_table.py --newer "${newer[@]}" > "$OUT/dispatch_table.py" \
+if [ ${#newer[@]} -eq 0 ]; then
+  say "no dispatch runs (RUNS=0): the table stays"
+elif python3 scripts/make_dispatch.py --again kbit/dispatch_table.py --newer "${newer[@]}" > "$OUT/dispatch_table.py" \
      2> "$L/make_dispatch.log"; then
   diff kbit/dispatch_table.py "$OUT/dispatch_table.py" > "$L/dispatch_diff.txt"
   cp "$OUT/dispatch_table.py" kbit/dispatch_table.py
