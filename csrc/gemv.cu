@@ -992,8 +992,9 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
       // (KT <= 32): 5 groups of 8 rows on 10 warps (session 57, NOTES.md v67; H100 back-to-back,
       // gateup: k = 4 5.18 -> 4.19 us (mma 4.9), k = 2 4.05 -> 3.67; k = 3 4.54 -> 5.07 and k = 5
       // 5.62 -> 6.53 slower, not understood; 20 warps (4 per group) in between everywhere).
-      // k = 3 on the tensor-core GEMV takes it too (session 65): its (2, 4) form of the 16 x 8
-      // CTA has 96 registers, so 2 of its 2.4 CTAs per SM fit and the grid takes two waves
+      // k = 3 on the tensor-core GEMV takes it too (session 65, NOTES.md v75): its (2, 4) form of
+      // the 16 x 8 CTA has 96 registers, so 2 of its 2.4 CTAs per SM fit and the grid takes two
+      // waves; H100 back-to-back, gateup k = 3: 3.85 -> 3.69 / 3.73 us (2 rounds)
       const bool tc3 = K_BITS == 3 && tc_on_for(3) && fmt == KBIT_ABSMAX_E4M4;
       if ((K_BITS == 2 || K_BITS == 4 || tc3) && ceil_div(N, 40) <= sms && KT <= 32) c = {8, 10, 5};
     } else if (ceil_div(N, 8) < 2 * sms) {
