@@ -1009,9 +1009,9 @@ bool launch_rows(int device, cudaStream_t s, const T* x, int64_t ldx, const int3
   }
   // M = 1 on tensor cores with byte-table lookups (gemv_tc_kernel; by default k = 2, 3, see
   // KBIT_GEMV_TC_DEFAULT; KBIT_GEMV_TC / kbit_gemv_force_tc) with the rows kernel's CTA as 8-row
-  // groups: gateup 5 groups x 2 warps
-  // (k = 3: 2 x 4), Q 4 x 2, O 2 x 4, down 2 x 5 (80 k-tiles: 2 units of 2 tiles per lane), KV 1 x 4
-  // (32 k-tiles: one unit per lane); other choices keep the rows kernel. E4M4 scales only: codebook
+  // groups: gateup 5 groups x 2 warps, Q 4 x 2, O 2 x 4, down 2 x 5 (80 k-tiles: 2 units of 2
+  // tiles per lane), KV 1 x 4 (32 k-tiles: one unit per lane); other choices keep the rows
+  // kernel. E4M4 scales only: codebook
   // x scale is rounded to T, and fp32 absmax scales can fall outside fp16's range (see
   // gemv_tc_kernel); the rows kernel keeps the fp16 / fp32 formats.
   if constexpr (M == 1 && K_BITS <= 4) {
