@@ -28,12 +28,13 @@ H100 (M = 1,2,3,4,8,16,24,28,32,48,64,128,256,1024,4096):
     bench_h100_v52b.json (big only) (32 cells superseded by --newer) (NVIDIA H100 80GB HBM3)
 H200 (M = 1,2,3,4,8,16,24,28,32,48,64,128,256,1024,4096):
     bench_h200_v73_m1_1.json (newer: its cells replace the others') (NVIDIA H200)
-    bench_h200_v64_table1.json (10 cells superseded by --newer) (NVIDIA H200)
-    bench_h200_v64_table2.json (10 cells superseded by --newer) (NVIDIA H200)
-    bench_h200_v64_table3.json (10 cells superseded by --newer) (NVIDIA H200)
-    bench_h200_v56_table1.json (big only) (2 cells superseded by --newer) (NVIDIA H200)
-    bench_h200_v56_table2.json (big only) (2 cells superseded by --newer) (NVIDIA H200)
-    bench_h200_v56_table3.json (big only) (2 cells superseded by --newer) (NVIDIA H200)
+    bench_h200_v75_1.json (newer: its cells replace the others') (NVIDIA H200)
+    bench_h200_v64_table1.json (100 cells superseded by --newer) (NVIDIA H200)
+    bench_h200_v64_table2.json (100 cells superseded by --newer) (NVIDIA H200)
+    bench_h200_v64_table3.json (100 cells superseded by --newer) (NVIDIA H200)
+    bench_h200_v56_table1.json (big only) (20 cells superseded by --newer) (NVIDIA H200)
+    bench_h200_v56_table2.json (big only) (20 cells superseded by --newer) (NVIDIA H200)
+    bench_h200_v56_table3.json (big only) (20 cells superseded by --newer) (NVIDIA H200)
 """
 
 TABLES = {
@@ -64,9 +65,9 @@ TABLES = {
         (28672, 8192, 5): ((16, 'mma'), (64, 'wgmma')),
     },
     'H200': {
-        (512, 2048, 2): ((1, 'gemv'), (16, 'mma'), (256, 'wgmma')),
+        (512, 2048, 2): ((2, 'gemv'), (16, 'mma'), (256, 'wgmma')),
         (512, 2048, 3): ((2, 'gemv'), (16, 'mma'), (256, 'wgmma')),
-        (512, 2048, 4): ((1, 'gemv'), (24, 'mma'), (256, 'wgmma')),
+        (512, 2048, 4): ((2, 'gemv'), (24, 'mma'), (256, 'wgmma')),
         (512, 2048, 5): ((2, 'gemv'), (16, 'mma'), (256, 'wgmma')),
         (2048, 4096, 2): ((1, 'gemv'), (32, 'mma'), (1024, 'wgmma')),
         (2048, 4096, 3): ((1, 'gemv'), (32, 'mma'), (4096, 'wgmma')),
@@ -79,10 +80,10 @@ TABLES = {
         (4096, 2048, 2): ((1, 'gemv'), (16, 'mma'), (1024, 'wgmma')),
         (4096, 2048, 3): ((1, 'gemv'), (16, 'mma'), (4096, 'wgmma')),
         (4096, 2048, 4): ((1, 'gemv'), (28, 'mma'), (1024, 'wgmma')),
-        (4096, 2048, 5): ((2, 'gemv'), (16, 'mma'), (1024, 'wgmma')),
+        (4096, 2048, 5): ((1, 'gemv'), (16, 'mma'), (1024, 'wgmma')),
         (5120, 2048, 2): ((1, 'gemv'), (16, 'mma'), (256, 'wgmma')),
         (5120, 2048, 3): ((1, 'gemv'), (16, 'mma'), (256, 'wgmma')),
-        (5120, 2048, 4): ((16, 'mma'), (256, 'wgmma'), (1024, 'dq'), (4096, 'wgmma')),
+        (5120, 2048, 4): ((1, 'gemv'), (16, 'mma'), (256, 'wgmma'), (1024, 'dq'), (4096, 'wgmma')),
         (5120, 2048, 5): ((1, 'gemv'), (16, 'mma'), (256, 'wgmma')),
         (28672, 8192, 2): ((16, 'mma'), (64, 'wgmma')),
         (28672, 8192, 3): ((16, 'mma'), (64, 'wgmma')),
