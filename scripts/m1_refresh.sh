@@ -7,7 +7,7 @@
 #      none: neither);
 #   1b. where sass_objs.sh built gemv variants (gemv_NAME.o): an A/B of them against the library,
 #      $AB_ROUNDS (default 2) rounds of M = $AB_M, k = $AB_K (default $M, $K), Scalar column, dense
-#      shapes -> $OUT/ab.txt; then $AB_EXTRA (a command line, e.g. an lib_ab.sh sweep of forms
+#      shapes, plus $AB_ARGS (e.g. --no-check for timing probes) -> $OUT/ab.txt; then $AB_EXTRA (a command line, e.g. an lib_ab.sh sweep of forms
 #      by environment) with its output appended to ab.txt;
 #   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
 #      --m $M --k $K` (default M = 1, k = 2,3) -> $OUT/$TAG_<i>.json (TAG default
@@ -63,8 +63,8 @@ sanitize() {
 }
 sanitize memcheck
 if [ ${#libs[@]} -gt 1 ]; then
-  ROUNDS=${AB_ROUNDS:-2} BENCH_ARGS="--m $AB_M --k $AB_K --kernels Scalar --shapes gateup,down,Q,O,KV" OUT=$L/ab \
-    timeout 200 bash scripts/lib_ab.sh "${libs[@]}" > "$OUT/ab.txt" 2>&1
+  ROUNDS=${AB_ROUNDS:-2} BENCH_ARGS="--m $AB_M --k $AB_K --kernels Scalar --shapes gateup,down,Q,O,KV ${AB_ARGS:-}" OUT=$L/ab \
+    timeout 420 bash scripts/lib_ab.sh "${libs[@]}" > "$OUT/ab.txt" 2>&1
   say "A/B ${libs[*]}: done"
   sed -n '/Best of the kernels/,$p' "$OUT/ab.txt" | grep '^|' | tee -a "$OUT/summary.txt"
 fi
