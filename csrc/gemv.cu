@@ -99,44 +99,6 @@ __device__ __forceinline__ float quad_at(const float4& q, int i) {
 #define KBIT_GEMV_PROBE 0
 #endif
 
-// Bytes of (hi:lo) picked by the 4 selector nibbles of sel[15:0] (prmt.b32, default mode). The
-// codebook lookups of gemv_tc_kernel pass nibbles 0..7 only (bit 3, sign replication, clear), so
-// the nibble masks that __byte_perm's C semantics cost (one LOP3 per call in SASS) are not needed.
-__device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sel));
-  return d;
-}
-
-// KBIT_GEMV_K4_PRMT (experiment, default 0): a mask of r = 0..3; at k = 4 the rows kernel
-// decodes the values 4j + r of those r by byte permutes on the integer pipe instead of one
-// shuffle each (MIO), to balance the two: the shuffles (one per value, one per clock per SM)
-// plus x's shared loads are the decode's bound if it is MIO-bound (session 66).
-#ifndef KBIT_GEMV_K4_PRMT
-#define KBIT_GEMV_K4_PRMT 0
-#endif
-// k = 4 byte tables of the codebook as fp16: tab[q] the low bytes of entries 4q .. 4q + 3, tab[4 + q]
-// their high bytes.
-__device__ __forceinline__ void k4_byte_tables(const float* __restrict__ codebook, uint32_t (&tab)[8]) {
-#pragma unroll
-  for (int q = 0; q < 4; q++) {
-    const __half2 a = __floats2half2_rn(__ldg(codebook + 4 * q), __ldg(codebook + 4 * q + 1));
-    const __half2 b = __floats2half2_rn(__ldg(codebook + 4 * q + 2), __ldg(codebook + 4 * q + 3));
-    const uint32_t ua = *reinterpret_cast<const uint32_t*>(&a), ub = *reinterpret_cast<const uint32_t*>(&b);
-    tab[q] = prmt(ua, ub, 0x6420u);
-    tab[4 + q] = prmt(ua, ub, 0x7531u);
-  }
-}
-// The fp16 entries of 4 indices (the nibbles of s[15:0]) as two pairs: s7 = s & 0x7777 picks
-// within entries 0..7 and 8..15, s2 = 0x3210 | ((s >> 1) & 0x4444) between them (8 prmt).
-__device__ __forceinline__ void k4_lookup(const uint32_t (&tab)[8], uint32_t s7, uint32_t s2, uint32_t& v01,
-                                          uint32_t& v23) {
-  const uint32_t lo = prmt(prmt(tab[0], tab[1], s7), prmt(tab[2], tab[3], s7), s2);
-  const uint32_t hi = prmt(prmt(tab[4], tab[5], s7), prmt(tab[6], tab[7], s7), s2);
-  v01 = prmt(lo, hi, 0x5140u);
-  v23 = prmt(lo, hi, 0x7362u);
-}
-
 // block_dot's codebook lookup: lane idx's table word (KBIT_GEMV_PROBE bit 2: an XOR instead).
 template <typename V>
 __device__ __forceinline__ V table_shfl(V v, int idx) {
@@ -161,11 +123,8 @@ __device__ __forceinline__ float shuffle_table(const float* __restrict__ codeboo
   }
 }
 
-// PR (k = 4 only): a mask of the r whose values come from k4_lookup on tab (KBIT_GEMV_K4_PRMT).
-template <int K_BITS, int M, int PR = 0, typename XQuad>
-__device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb, XQuad&& xq, float (&sum)[M],
-                                          const uint32_t* tab = nullptr) {
-  static_assert(PR == 0 || K_BITS == 4, "block_dot: byte-table lookups at k = 4 only");
+template <int K_BITS, int M, typename XQuad>
+__device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb, XQuad&& xq, float (&sum)[M]) {
   uint32_t t0 = w[0], t1 = w[1], t2 = K_BITS > 2 ? w[2] : 0u, t3 = K_BITS > 3 ? w[3] : 0u;
   nibble_transpose(t0, t1, t2, t3);
   const uint32_t t[4] = {t0, t1, t2, t3};  // nibble j of t[r]: the index of value 4j + r
@@ -218,37 +177,6 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
         sum[m] = fmaf(b.y, xv[m].w, sum[m]);
       }
     }
-  } else if constexpr (PR != 0) {
-    uint32_t tb[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) tb[i] = tab[i];
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-      float pw[4][4];  // pw[r][jj]: value 4 (4 hf + jj) + r for r in PR
-#pragma unroll
-      for (int r = 0; r < 4; r++) {
-        if (!((PR >> r) & 1)) continue;
-        const uint32_t s = t[r] >> (16 * hf);
-        uint32_t v01, v23;
-        k4_lookup(tb, s & 0x7777u, 0x3210u | ((s >> 1) & 0x4444u), v01, v23);
-        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v01));
-        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v23));
-        pw[r][0] = a.x; pw[r][1] = a.y; pw[r][2] = b.x; pw[r][3] = b.y;
-      }
-#pragma unroll
-      for (int jj = 0; jj < 4; jj++) {
-        const int j = 4 * hf + jj;
-        float4 xv[M];
-#pragma unroll
-        for (int m = 0; m < M; m++) xv[m] = xq(m, j);
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-          const float wv = ((PR >> r) & 1) ? pw[r][jj] : table_shfl(cb, int(t[r] >> (4 * j)));
-#pragma unroll
-          for (int m = 0; m < M; m++) sum[m] = fmaf(wv, quad_at(xv[m], r), sum[m]);
-        }
-      }
-    }
   } else {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -263,6 +191,15 @@ __device__ __forceinline__ void block_dot(const uint32_t (&w)[K_BITS], float cb,
       }
     }
   }
+}
+
+// Bytes of (hi:lo) picked by the 4 selector nibbles of sel[15:0] (prmt.b32, default mode). The
+// codebook lookups of gemv_tc_kernel pass nibbles 0..7 only (bit 3, sign replication, clear), so
+// the nibble masks that __byte_perm's C semantics cost (one LOP3 per call in SASS) are not needed.
+__device__ __forceinline__ uint32_t prmt(uint32_t lo, uint32_t hi, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(sel));
+  return d;
 }
 
 // KBIT_GEMV_XPAD (default on since session 56) pads each k-tile of the rows kernel's staged x
@@ -508,9 +445,6 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
   const bool early = pdl > 1;
   if (pdl > 0 && !early) pdl_wait();
   const float cb = pair_table_on<K_BITS>() ? 0.f : shuffle_table<K_BITS>(codebook, lane);  // the shuffles' table
-  constexpr int kPr = K_BITS == 4 ? KBIT_GEMV_K4_PRMT : 0;  // k = 4: the r decoded by byte tables
-  uint32_t k4tab[8];
-  if constexpr (kPr != 0) k4_byte_tables(codebook, k4tab);
   // the pair table's row threadIdx.x (built after the first tiles are requested), requested here
   constexpr int kCbMask = (1 << K_BITS) - 1;
   auto pair_row = [&](int e) {
@@ -639,7 +573,7 @@ __global__ void __launch_bounds__(GR == 1 ? 256 : 32 * GR * WG) gemv_rows_kernel
         }
 #else
         if constexpr (kTabRows > 0) pair_products<M>(pr[h], xquad, sum);
-        else block_dot<K_BITS, M, kPr>(tile[u].w[h], cb, xquad, sum, k4tab);
+        else block_dot<K_BITS, M>(tile[u].w[h], cb, xquad, sum);
 #endif
         const float scale = absmax_of_bits(tile[u].sbits[h], absmax_format);
 #pragma unroll
