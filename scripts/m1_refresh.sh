@@ -7,8 +7,8 @@
 #      none: neither);
 #   1b. where sass_objs.sh built gemv variants (gemv_NAME.o): an A/B of them against the library,
 #      $AB_ROUNDS (default 2) rounds of M = $AB_M, k = $AB_K (default $M, $K), Scalar column, dense
-#      shapes, plus $AB_ARGS (e.g. --no-check for timing probes) -> $OUT/ab.txt; then $AB_EXTRA (a command line, e.g. an lib_ab.sh sweep of forms
-#      by environment) with its output appended to ab.txt;
+#      shapes, with $AB_ARGS (more bench arguments) -> $OUT/ab.txt; then $AB_EXTRA (a command
+#      line, e.g. an lib_ab.sh sweep of forms by environment) with its output appended to ab.txt;
 #   2. $RUNS (default 2) dispatch runs of the cells a change moved, `kbit bench --suite linear
 #      --m $M --k $K` (default M = 1, k = 2,3) -> $OUT/$TAG_<i>.json (TAG default
 #      bench_<gpu>_$VER, VER default new: name them as they will sit in docs/);
